@@ -1,0 +1,108 @@
+// Command console is Sluice's one binary: the web console, the outbox relay,
+// the reference consumer, the payments service, the simulated provider, the
+// migrations and the demo. main only parses the subcommand, builds the
+// config, wires the parts and runs them; each subcommand lives in its own file.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/sluice-dev/sluice/internal/config"
+)
+
+// env is what a subcommand gets from the outside world; tests pass their own.
+type env struct {
+	lookup config.Lookup
+	stdout io.Writer
+	stderr io.Writer
+}
+
+type command struct {
+	summary string
+	run     func(ctx context.Context, e env, args []string) error
+}
+
+func commands() map[string]command {
+	return map[string]command{
+		"demo":         {"the whole system on one machine, alive in one command", runDemo},
+		"serve":        {"the web console", runServe},
+		"relay":        {"outbox relay worker (run as many as you like)", runRelay},
+		"consume":      {"reference consumer: broker → inbox-deduplicated effect", runConsume},
+		"payments-api": {"the reference payments service (Idempotency-Key API, recovery and reconcile workers)", runPaymentsAPI},
+		"payments":     {"payments operations: `payments reconcile --file F` applies a provider settlement file", runPayments},
+		"provider-sim": {"the simulated payment provider (its own HTTP server; fault mix set by flags)", runProviderSim},
+		"migrate":      {"apply (`migrate up`) or show (`migrate status`) the embedded schema migrations", runMigrate},
+		"prune":        {"one pruning pass (published outbox rows, inbox rows past retention), in small batches", runPrune},
+		"audit":        {"`audit verify`: walk the audit hash chain; exit 1 naming the first broken row", runAudit},
+		"version":      {"version, commit, schema version", runVersion},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], env{lookup: os.LookupEnv, stdout: os.Stdout, stderr: os.Stderr})
+	stop()
+	os.Exit(code)
+}
+
+// run is main without the process: exit code 0 ok, 1 failure with a one-line
+// reason on stderr, 2 usage error.
+func run(ctx context.Context, args []string, e env) int {
+	cmds := commands()
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(e.stdout, cmds)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, ok := cmds[args[0]]
+	if !ok {
+		fmt.Fprintf(e.stderr, "console: unknown subcommand %q (try `console --help`)\n", args[0])
+		return 2
+	}
+	err := cmd.run(ctx, e, args[1:])
+	var uerr *config.UsageError
+	switch {
+	case err == nil, errors.Is(err, config.ErrHelp):
+		return 0
+	case errors.As(err, &uerr):
+		fmt.Fprintf(e.stderr, "console %s: %v\n", args[0], err)
+		return 2
+	default:
+		fmt.Fprintf(e.stderr, "console %s: %s\n", args[0], oneLine(err))
+		return 1
+	}
+}
+
+func usage(w io.Writer, cmds map[string]command) {
+	fmt.Fprintln(w, "Usage: console <subcommand> [flags]   (console <subcommand> --help for its flags)")
+	fmt.Fprintln(w)
+	names := make([]string, 0, len(cmds))
+	for n := range cmds {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-13s %s\n", n, cmds[n].summary)
+	}
+}
+
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// newLogger builds the process logger: JSON on stderr at LOG_LEVEL.
+func newLogger(w io.Writer, level string) *slog.Logger {
+	lvl, _ := config.ParseLevel(level)
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl}))
+}

@@ -1,0 +1,219 @@
+// Package config reads typed configuration from flags and their environment
+// twins, validated once at start-up. Every flag has an environment variable;
+// a flag given on the command line wins over the environment. A malformed
+// value stops start-up with one line naming the variable and what is wrong.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Lookup reads one environment variable (os.LookupEnv in production, a map in
+// tests: no test ever calls os.Setenv).
+type Lookup func(key string) (string, bool)
+
+// MapLookup is a Lookup over a map, for tests.
+func MapLookup(m map[string]string) Lookup {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// ErrHelp is returned when the user asked for --help (usage was printed).
+var ErrHelp = flag.ErrHelp
+
+// UsageError marks a command-line mistake (exit code 2).
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// Flags is a flag set whose every flag has an environment twin.
+type Flags struct {
+	fs     *flag.FlagSet
+	lookup Lookup
+	envErr []error
+	out    io.Writer
+}
+
+// NewFlags starts a flag set for subcommand name; usage text goes to out.
+func NewFlags(name, summary string, lookup Lookup, out io.Writer) *Flags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	f := &Flags{fs: fs, lookup: lookup, out: out}
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage: console %s [flags]\n\n%s\n\nFlags (each has an environment variable twin; a flag wins):\n", name, summary)
+		fs.PrintDefaults()
+	}
+	return f
+}
+
+// FlagSet exposes the underlying set (for positional arguments).
+func (f *Flags) FlagSet() *flag.FlagSet { return f.fs }
+
+func (f *Flags) env(name string) (string, bool) {
+	if f.lookup == nil || name == "" {
+		return "", false
+	}
+	v, ok := f.lookup(name)
+	if !ok || v == "" {
+		return "", false
+	}
+	return v, true
+}
+
+func usageWithEnv(usage, env string) string {
+	if env == "" {
+		return usage
+	}
+	return usage + " (env " + env + ")"
+}
+
+// String registers a string flag.
+func (f *Flags) String(p *string, name, env, def, usage string) {
+	if v, ok := f.env(env); ok {
+		def = v
+	}
+	f.fs.StringVar(p, name, def, usageWithEnv(usage, env))
+}
+
+// Int registers an int flag.
+func (f *Flags) Int(p *int, name, env string, def int, usage string) {
+	if v, ok := f.env(env); ok {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil {
+			f.envErr = append(f.envErr, fmt.Errorf("%s: %q is not a whole number", env, v))
+		} else {
+			def = n
+		}
+	}
+	f.fs.IntVar(p, name, def, usageWithEnv(usage, env))
+}
+
+// Duration registers a duration flag (Go syntax: 500ms, 30s, 72h).
+func (f *Flags) Duration(p *time.Duration, name, env string, def time.Duration, usage string) {
+	if v, ok := f.env(env); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil {
+			f.envErr = append(f.envErr, fmt.Errorf("%s: %q is not a duration (examples: 500ms, 30s, 72h)", env, v))
+		} else {
+			def = d
+		}
+	}
+	f.fs.DurationVar(p, name, def, usageWithEnv(usage, env))
+}
+
+// Bool registers a boolean flag.
+func (f *Flags) Bool(p *bool, name, env string, def bool, usage string) {
+	if v, ok := f.env(env); ok {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			f.envErr = append(f.envErr, fmt.Errorf("%s: %q is not true or false", env, v))
+		} else {
+			def = b
+		}
+	}
+	f.fs.BoolVar(p, name, def, usageWithEnv(usage, env))
+}
+
+// Parse reads the command line. It returns ErrHelp after printing usage, a
+// *UsageError for a bad command line, or the first malformed environment value.
+func (f *Flags) Parse(args []string) error {
+	if err := f.fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return ErrHelp
+		}
+		return &UsageError{Err: err}
+	}
+	if len(f.envErr) > 0 {
+		return f.envErr[0]
+	}
+	return nil
+}
+
+// Args are the positional arguments left after the flags.
+func (f *Flags) Args() []string { return f.fs.Args() }
+
+// --- validation helpers: each message names the variable -----------------
+
+// Check collects validation errors and reports the first.
+type Check struct{ errs []error }
+
+// Failf records a problem.
+func (c *Check) Failf(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf(format, args...))
+}
+
+// Err is the first problem, or nil.
+func (c *Check) Err() error {
+	if len(c.errs) == 0 {
+		return nil
+	}
+	return c.errs[0]
+}
+
+// Required fails when v is empty.
+func (c *Check) Required(env, v string) {
+	if strings.TrimSpace(v) == "" {
+		c.Failf("%s is required", env)
+	}
+}
+
+// Positive fails when n <= 0.
+func (c *Check) Positive(env string, n int) {
+	if n <= 0 {
+		c.Failf("%s must be greater than 0 (got %d)", env, n)
+	}
+}
+
+// PositiveDuration fails when d <= 0.
+func (c *Check) PositiveDuration(env string, d time.Duration) {
+	if d <= 0 {
+		c.Failf("%s must be a positive duration (got %s)", env, d)
+	}
+}
+
+// Addr fails when v is not host:port.
+func (c *Check) Addr(env, v string) {
+	if v == "" {
+		return
+	}
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		c.Failf("%s: %q is not host:port", env, v)
+	}
+}
+
+// URL fails when v is not an absolute URL with one of the schemes.
+func (c *Check) URL(env, v string, schemes ...string) {
+	if v == "" {
+		return
+	}
+	u, err := url.Parse(v)
+	if err != nil || u.Host == "" {
+		c.Failf("%s: %q is not an absolute URL", env, v)
+		return
+	}
+	for _, s := range schemes {
+		if u.Scheme == s {
+			return
+		}
+	}
+	c.Failf("%s: scheme %q is not one of %s", env, u.Scheme, strings.Join(schemes, ", "))
+}
+
+// DatabaseURL fails when v is not a PostgreSQL URL or keyword/value string.
+func (c *Check) DatabaseURL(env, v string) {
+	if v == "" {
+		c.Failf("%s is required (a PostgreSQL ≥ 15 URL, e.g. postgres://user@127.0.0.1:5432/sluice)", env)
+		return
+	}
+	if strings.Contains(v, "://") {
+		c.URL(env, v, "postgres", "postgresql")
+	}
+}

@@ -1,0 +1,129 @@
+package db_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func TestFreshDatabaseIsMigratedAndCurrent(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	if err := db.CheckSchema(ctx, pool); err != nil {
+		t.Fatalf("fresh database should be current: %v", err)
+	}
+	st, err := db.Status(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) == 0 {
+		t.Fatal("no migrations reported")
+	}
+	for _, s := range st {
+		if !s.Applied {
+			t.Errorf("migration %d %s not applied", s.Version, s.Name)
+		}
+	}
+	for _, table := range []string{"outbox_event", "inbox_message", "idempotency_record", "payment", "account",
+		"balance_reservation", "ledger_entry", "audit_event", "console_session"} {
+		var ok bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&ok); err != nil || !ok {
+			t.Errorf("table %s missing (err %v)", table, err)
+		}
+	}
+}
+
+func TestOutOfDateSchemaIsRefused(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	latest := db.LatestVersion()
+	if _, err := pool.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = $1`, latest); err != nil {
+		t.Fatal(err)
+	}
+	err := db.CheckSchema(ctx, pool)
+	if !errors.Is(err, db.ErrSchemaOutOfDate) {
+		t.Fatalf("CheckSchema = %v, want ErrSchemaOutOfDate", err)
+	}
+}
+
+func TestWithTxCommitsOrRollsBack(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	boom := errors.New("boom")
+	err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO account (account_id, balance) VALUES (1, 10)`); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("WithTx = %v, want boom", err)
+	}
+	err = db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO account (account_id, balance) VALUES (2, 10)`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	rows, _ := pool.Query(ctx, `SELECT account_id FROM account ORDER BY 1`)
+	ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 1 || ids[0] != 2 {
+		t.Fatalf("accounts = %v, want [2]: the failed transaction must leave nothing", ids)
+	}
+}
+
+func TestBalanceCheckIsTheLastLineOfDefence(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	_, err := pool.Exec(context.Background(), `INSERT INTO account (account_id, balance) VALUES (1, -1)`)
+	if db.Code(err) != db.CodeCheckViolation {
+		t.Fatalf("negative balance: err = %v, want check violation", err)
+	}
+}
+
+// The throwaway cluster is what tests and the demo fall back on when no
+// server answers; it must start (as the postgres user when we are root),
+// accept connections and leave nothing behind.
+func TestThrowawayClusterStartsAndCleansUp(t *testing.T) {
+	t.Parallel()
+	if _, err := db.FindServerBinaries(); err != nil {
+		t.Fatalf("this test needs PostgreSQL server binaries: %v", err)
+	}
+	ctx := context.Background()
+	c, err := db.StartCluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := c.Dir()
+	pool, err := db.Open(ctx, c.URL())
+	if err != nil {
+		c.Stop()
+		t.Fatal(err)
+	}
+	if _, err := db.Migrate(ctx, pool); err != nil {
+		t.Errorf("migrate on throwaway cluster: %v", err)
+	}
+	pool.Close()
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("cluster folder %s still exists after Stop (stat err %v)", dir, err)
+	}
+}
