@@ -1,0 +1,24 @@
+# The two set-up commands of README.md live here: `make demo` and `make test`.
+GO ?= go
+
+.PHONY: demo test build generate check bench
+
+demo: ## run the whole system on this machine (Ctrl-C stops and cleans up)
+	$(GO) run ./cmd/console demo
+
+test: ## everything the tests need, then every test (real PostgreSQL, NATS, RabbitMQ, chromium)
+	./scripts/test-deps
+	$(GO) test -timeout 45m ./...
+
+build:
+	$(GO) build -o bin/console ./cmd/console
+
+generate: ## regenerate templ components (commit the _templ.go files)
+	$(GO) tool templ generate
+
+check: ## what CI checks besides the tests
+	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
+	$(GO) vet ./...
+
+bench:
+	cd bench && ./run
