@@ -51,9 +51,24 @@ func Main(m *testing.M) {
 // dropped when the test ends.
 func Config(t testing.TB) *pgxpool.Config {
 	t.Helper()
+	return create(t, "")
+}
+
+// EmptyURL returns the URL of a fresh database with no schema at all (for
+// testing migrations themselves), dropped when the test ends.
+func EmptyURL(t testing.TB) string {
+	t.Helper()
+	return urlOf(create(t, "template0"))
+}
+
+func create(t testing.TB, from string) *pgxpool.Config {
+	t.Helper()
 	once.Do(setup)
 	if setupErr != nil {
 		t.Fatalf("dbtest: %v", setupErr)
+	}
+	if from == "" {
+		from = template
 	}
 	ctx := context.Background()
 	name := "sluice_t_" + randomHex(8)
@@ -64,7 +79,7 @@ func Config(t testing.TB) *pgxpool.Config {
 	defer admin.Close(ctx)
 	// Concurrent clones of one template can collide for a moment; retry.
 	for attempt := 0; ; attempt++ {
-		_, err = admin.Exec(ctx, fmt.Sprintf(`CREATE DATABASE %s TEMPLATE %s`, name, template))
+		_, err = admin.Exec(ctx, fmt.Sprintf(`CREATE DATABASE %s TEMPLATE %s`, name, from))
 		if err == nil || db.Code(err) != db.CodeObjectInUse || attempt == 50 {
 			break
 		}
@@ -97,7 +112,10 @@ func Config(t testing.TB) *pgxpool.Config {
 // under test that opens its own pool, such as a subcommand's Main).
 func URL(t testing.TB) string {
 	t.Helper()
-	cfg := Config(t)
+	return urlOf(Config(t))
+}
+
+func urlOf(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig
 	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", c.User, c.Host, c.Port, c.Database)
 }

@@ -1,0 +1,79 @@
+// Package demo runs the whole system on one machine: a throwaway PostgreSQL
+// (or a database of its own on DATABASE_URL), embedded NATS JetStream, the
+// development OIDC provider, workloads, relays, the consumer, the payments
+// service with a faulty simulated provider, and the console. Everything it
+// creates it removes at exit.
+package demo
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice/internal/db"
+)
+
+// database is where the demo keeps its data, and how to remove it.
+type database struct {
+	url     string
+	cluster *db.Cluster // nil when the demo created a database on DATABASE_URL
+	dropURL string      // maintenance connection used to drop the demo database
+	name    string
+}
+
+// openDatabase starts a throwaway cluster when serverURL is empty; otherwise
+// it creates a new database of its own on that server, so the demo never
+// touches data it did not create.
+func openDatabase(ctx context.Context, serverURL string) (*database, error) {
+	if serverURL == "" {
+		c, err := db.StartCluster(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("throwaway PostgreSQL: %w", err)
+		}
+		return &database{url: c.URL(), cluster: c}, nil
+	}
+	cfg, err := pgx.ParseConfig(serverURL)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := "sluice_demo_" + hex.EncodeToString(b)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return nil, fmt.Errorf("create demo database on DATABASE_URL: %w", err)
+	}
+	u, err := url.Parse(serverURL)
+	if err != nil || u.Scheme == "" {
+		return nil, fmt.Errorf("DATABASE_URL: the demo needs the URL form (postgres://user@host:port/db)")
+	}
+	u.Path = "/" + name
+	return &database{url: u.String(), dropURL: serverURL, name: name}, nil
+}
+
+// URL of the demo database.
+func (d *database) URL() string { return d.url }
+
+func (d *database) close() error {
+	if d.cluster != nil {
+		return d.cluster.Stop()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, d.dropURL)
+	if err != nil {
+		return fmt.Errorf("drop demo database: %w", err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+d.name+" WITH (FORCE)")
+	return err
+}

@@ -1,0 +1,206 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/inbox"
+	"github.com/sluice-dev/sluice/internal/outbox"
+)
+
+// consumerName is the demo consumer's durable subscription and inbox name.
+const consumerName = "demo-consumer"
+
+// Demo is the running system. Start builds it, Run prints its status until
+// the context ends, Close removes everything it created.
+type Demo struct {
+	cfg config.Demo
+	out io.Writer
+	log *slog.Logger
+
+	db      *database
+	pool    *pgxpool.Pool
+	natsDir string
+	nats    *broker.EmbeddedNATS
+	brokers []broker.Broker
+	reg     *prometheus.Registry
+
+	notifier *outbox.Notifier
+	orders   *orderWorkload
+	relays   []*outbox.Relay
+	consumer *inbox.Consumer
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	errs   chan error
+}
+
+// Start brings every part up. On error whatever was started is removed.
+func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger) (_ *Demo, err error) {
+	d := &Demo{cfg: cfg, out: out, log: log, reg: prometheus.NewRegistry(), errs: make(chan error, 16)}
+	defer func() {
+		if err != nil {
+			d.Close()
+		}
+	}()
+	step := func(format string, args ...any) { fmt.Fprintf(out, "· "+format+"\n", args...) }
+
+	if cfg.DatabaseURL == "" {
+		step("starting a throwaway PostgreSQL cluster")
+	} else {
+		step("creating a demo database on DATABASE_URL")
+	}
+	if d.db, err = openDatabase(ctx, cfg.DatabaseURL); err != nil {
+		return nil, err
+	}
+	if d.pool, err = db.Open(ctx, d.db.URL()); err != nil {
+		return nil, err
+	}
+	if _, err = db.Migrate(ctx, d.pool); err != nil {
+		return nil, err
+	}
+	step("database ready, schema at version %d", db.LatestVersion())
+
+	brokerURL := cfg.BrokerURL
+	if brokerURL == "" {
+		if d.natsDir, err = os.MkdirTemp("", "sluice-nats-"); err != nil {
+			return nil, err
+		}
+		if d.nats, err = broker.StartEmbeddedNATS(d.natsDir); err != nil {
+			return nil, err
+		}
+		brokerURL = d.nats.ClientURL()
+		step("embedded NATS JetStream at %s", brokerURL)
+	}
+	// One connection per relay and one for the consumer, as separate
+	// processes would have.
+	openBroker := func() (broker.Broker, error) {
+		b, err := broker.Open(ctx, brokerURL, broker.Options{})
+		if err == nil {
+			d.brokers = append(d.brokers, b)
+		}
+		return b, err
+	}
+
+	d.notifier = outbox.NewNotifier(d.pool, 0, log)
+	if d.orders, err = newOrderWorkload(ctx, d.pool, cfg.EventRate, d.notifier.Poke); err != nil {
+		return nil, err
+	}
+	for i := range cfg.Relays {
+		b, err := openBroker()
+		if err != nil {
+			return nil, err
+		}
+		r, err := outbox.NewRelay(d.pool, b, outbox.RelayConfig{Name: fmt.Sprintf("relay-%d", i+1)}, log, d.reg)
+		if err != nil {
+			return nil, err
+		}
+		d.relays = append(d.relays, r)
+	}
+	sub, err := openBroker()
+	if err != nil {
+		return nil, err
+	}
+	d.consumer = &inbox.Consumer{Inbox: inbox.New(d.pool), Name: consumerName}
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.cancel = cancel
+	d.goRun("notifier", func() error { return d.notifier.Run(runCtx) })
+	d.goRun("order workload", func() error { return d.orders.run(runCtx) })
+	for _, r := range d.relays {
+		d.goRun(r.Config().Name, func() error { return r.Run(runCtx) })
+	}
+	d.goRun("consumer", func() error { return d.consumer.Run(runCtx, sub) })
+	step("%d relays, the consumer %q and an order workload of %d transactions/s are running", len(d.relays), consumerName, cfg.EventRate)
+	return d, nil
+}
+
+// goRun runs a part until the demo stops; a part that fails stops the demo.
+func (d *Demo) goRun(name string, fn func() error) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		if err := fn(); err != nil && !errors.Is(err, context.Canceled) {
+			select {
+			case d.errs <- fmt.Errorf("%s: %w", name, err):
+			default:
+			}
+		}
+	}()
+}
+
+// Run prints a status line every StatusEvery until ctx ends or a part fails.
+func (d *Demo) Run(ctx context.Context) error {
+	tick := time.NewTicker(d.cfg.StatusEvery)
+	defer tick.Stop()
+	last, lastAt := d.published(), time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(d.out, "· stopping")
+			return nil
+		case err := <-d.errs:
+			return err
+		case <-tick.C:
+		}
+		pub, now := d.published(), time.Now()
+		rate := float64(pub-last) / now.Sub(lastAt).Seconds()
+		last, lastAt = pub, now
+		b, err := outbox.ReadBacklog(ctx, d.pool)
+		if err != nil {
+			if ctx.Err() != nil {
+				continue
+			}
+			return err
+		}
+		c := d.consumer.Counts()
+		fmt.Fprintf(d.out, "%s  outbox: backlog %d, in flight %d, dead %d, published %.0f/s  consumer: applied %d, duplicates absorbed %d, stale dropped %d\n",
+			now.Format("15:04:05"), b.Pending, b.InFlight, b.Dead, rate, c.Applied, c.Duplicates, c.Stale)
+	}
+}
+
+func (d *Demo) published() int64 {
+	var n int64
+	for _, r := range d.relays {
+		n += r.Stats().Published
+	}
+	return n
+}
+
+// Close stops every part and removes what the demo created: the throwaway
+// cluster or the demo database, and the NATS store.
+func (d *Demo) Close() error {
+	if d.cancel != nil {
+		d.cancel()
+	}
+	d.wg.Wait()
+	var errs []error
+	for _, b := range d.brokers {
+		errs = append(errs, b.Close())
+	}
+	if d.nats != nil {
+		d.nats.Shutdown()
+	}
+	if d.natsDir != "" {
+		errs = append(errs, os.RemoveAll(d.natsDir))
+	}
+	if d.pool != nil {
+		d.pool.Close()
+	}
+	if d.db != nil {
+		errs = append(errs, d.db.close())
+	}
+	return errors.Join(errs...)
+}
