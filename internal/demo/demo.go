@@ -122,7 +122,7 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	for _, r := range d.relays {
 		d.goRun(r.Config().Name, func() error { return r.Run(runCtx) })
 	}
-	d.goRun("consumer", func() error { return d.consumer.Run(runCtx, sub) })
+	d.goRun("consumer", func() error { return d.consumer.Run(runCtx, redeliveringSubscriber{Subscriber: sub, share: 0.02}) })
 	step("%d relays, the consumer %q and an order workload of %d transactions/s are running", len(d.relays), consumerName, cfg.EventRate)
 	return d, nil
 }
