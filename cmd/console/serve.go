@@ -1,0 +1,47 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/web"
+)
+
+func runServe(ctx context.Context, e env, args []string) error {
+	var c config.Console
+	f := config.NewFlags("serve", "The web console: OIDC sign-in, the live dashboard, outbox, payments, inbox and audit screens.", e.lookup, e.stderr)
+	config.RegisterConsole(f, &c)
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	roleMap, err := auth.ParseRoleMap(c.RoleMap)
+	if err != nil {
+		return fmt.Errorf("CONSOLE_ROLE_MAP: %w", err)
+	}
+	log := newLogger(e.stderr, c.LogLevel)
+	pool, err := db.Open(ctx, c.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := db.CheckSchema(ctx, pool); err != nil {
+		return fmt.Errorf("%w: run `console migrate up`", err)
+	}
+	app, err := web.New(ctx, web.Config{
+		Addr: c.Addr, PublicURL: strings.TrimSuffix(c.PublicURL, "/"), MetricsAddr: c.MetricsAddr,
+		OIDCIssuer: c.OIDCIssuer, OIDCClientID: c.OIDCClientID, OIDCClientSecret: c.OIDCClientSecret,
+		RolesClaim: c.RolesClaim, RoleMap: roleMap,
+		SessionLifetime: c.SessionLifetime, SessionIdle: c.SessionIdle, Tick: c.Tick,
+	}, web.Deps{Pool: pool, Logger: log})
+	if err != nil {
+		return err
+	}
+	return app.Run(ctx)
+}

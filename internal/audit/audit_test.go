@@ -1,0 +1,195 @@
+package audit_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func record(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := 0; i < n; i++ {
+		err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+			return audit.Record(ctx, tx, audit.Event{
+				ActorIss: "https://idp", ActorSub: fmt.Sprint("sub-", i), ActorRoles: []string{"operator"},
+				Action: "outbox.retry", TargetType: "outbox_event", TargetID: fmt.Sprint(i),
+				Before: json.RawMessage(`{"status":  "dead", "a": 1}`), Outcome: audit.OutcomeOK,
+			})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func verify(t *testing.T, pool *pgxpool.Pool) audit.VerifyResult {
+	t.Helper()
+	res, err := audit.Verify(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func seqs(t *testing.T, pool *pgxpool.Pool) []int64 {
+	t.Helper()
+	rows, _ := pool.Query(context.Background(), `SELECT seq FROM audit_event ORDER BY seq`)
+	s, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestChainIntactAfterAppends(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	record(t, pool, 5)
+	res := verify(t, pool)
+	if !res.Intact() || res.Checked != 5 || len(res.HeadHash) != 32 {
+		t.Fatalf("want intact chain of 5, got %+v", res)
+	}
+}
+
+func TestRollbackLeavesNoAuditRow(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	boom := errors.New("action failed")
+	err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+		if err := audit.Record(ctx, tx, audit.Event{Action: "x", Outcome: audit.OutcomeOK}); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatal(err)
+	}
+	if n := len(seqs(t, pool)); n != 0 {
+		t.Fatalf("rolled back audit row is visible: %d rows", n)
+	}
+	record(t, pool, 2) // the sequence gap left behind is not a break
+	if res := verify(t, pool); !res.Intact() {
+		t.Fatalf("gap in seq reported as broken: %+v", res)
+	}
+}
+
+// asSuperuser edits the table past its triggers, the way an attacker with
+// the database owner's password could.
+func asSuperuser(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	ctx := context.Background()
+	err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sql, args...)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestVerifyFindsEditedDeletedAndReorderedRows(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		tamper func(t *testing.T, pool *pgxpool.Pool, s []int64) int64 // returns the seq Verify must name
+	}{
+		{"edited reason", func(t *testing.T, pool *pgxpool.Pool, s []int64) int64 {
+			asSuperuser(t, pool, `UPDATE audit_event SET reason = 'nothing to see' WHERE seq = $1`, s[2])
+			return s[2]
+		}},
+		{"edited jsonb", func(t *testing.T, pool *pgxpool.Pool, s []int64) int64 {
+			asSuperuser(t, pool, `UPDATE audit_event SET before = '{"status":"pending"}' WHERE seq = $1`, s[1])
+			return s[1]
+		}},
+		{"deleted row", func(t *testing.T, pool *pgxpool.Pool, s []int64) int64 {
+			asSuperuser(t, pool, `DELETE FROM audit_event WHERE seq = $1`, s[2])
+			return s[3]
+		}},
+		{"reordered rows", func(t *testing.T, pool *pgxpool.Pool, s []int64) int64 {
+			asSuperuser(t, pool, `UPDATE audit_event SET seq = -1 WHERE seq = $1`, s[1])
+			asSuperuser(t, pool, `UPDATE audit_event SET seq = $1 WHERE seq = $2`, s[1], s[3])
+			asSuperuser(t, pool, `UPDATE audit_event SET seq = $1 WHERE seq = -1`, s[3])
+			return s[1]
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			pool := dbtest.New(t)
+			record(t, pool, 5)
+			want := c.tamper(t, pool, seqs(t, pool))
+			res := verify(t, pool)
+			if res.FirstBroken != want {
+				t.Fatalf("Verify named seq %d (%s), want %d", res.FirstBroken, res.Problem, want)
+			}
+		})
+	}
+}
+
+func TestChangesAreRefused(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	record(t, pool, 2)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`UPDATE audit_event SET reason = 'x'`,
+		`DELETE FROM audit_event`,
+		`TRUNCATE audit_event`,
+	} {
+		_, err := pool.Exec(ctx, sql)
+		if db.Code(err) != db.CodeInsufficientPriv {
+			t.Errorf("%s: want SQLSTATE %s, got %v", sql, db.CodeInsufficientPriv, err)
+		}
+	}
+	if res := verify(t, pool); !res.Intact() || res.Checked != 2 {
+		t.Fatalf("chain changed: %+v", res)
+	}
+}
+
+func TestConcurrentAppendsNeverFork(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+				return audit.Record(ctx, tx, audit.Event{Action: "payment.resolve", TargetID: fmt.Sprint(i), Outcome: audit.OutcomeOK})
+			})
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var forks int
+	if err := pool.QueryRow(ctx, `SELECT count(*) - count(DISTINCT prev_hash) FROM audit_event`).Scan(&forks); err != nil {
+		t.Fatal(err)
+	}
+	if res := verify(t, pool); !res.Intact() || res.Checked != 20 || forks != 0 {
+		t.Fatalf("want 20 chained rows and no fork, got %+v forks=%d", res, forks)
+	}
+}

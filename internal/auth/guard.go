@@ -1,0 +1,224 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+
+	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/db"
+)
+
+// CookieSpec names the console's cookies. On https they are __Host-
+// cookies (Secure, Path=/, no Domain); plain names without Secure are only
+// allowed when the console's public URL is plain-http loopback (the demo).
+type CookieSpec struct {
+	Session string
+	Login   string
+	Secure  bool
+}
+
+// NewCookieSpec derives the cookie names from CONSOLE_PUBLIC_URL.
+func NewCookieSpec(publicURL string) (CookieSpec, error) {
+	u, err := url.Parse(publicURL)
+	if err != nil || u.Host == "" {
+		return CookieSpec{}, fmt.Errorf("CONSOLE_PUBLIC_URL: %q is not an absolute URL", publicURL)
+	}
+	switch u.Scheme {
+	case "https":
+		return CookieSpec{Session: "__Host-sluice", Login: "__Host-sluice-login", Secure: true}, nil
+	case "http":
+		if !isLoopback(u.Hostname()) {
+			return CookieSpec{}, fmt.Errorf("CONSOLE_PUBLIC_URL: plain http is only allowed on loopback (got %q); use https", u.Host)
+		}
+		return CookieSpec{Session: "sluice_session", Login: "sluice_login"}, nil
+	}
+	return CookieSpec{}, fmt.Errorf("CONSOLE_PUBLIC_URL: scheme %q is not http or https", u.Scheme)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func (cs CookieSpec) cookie(name, value string, maxAge time.Duration) *http.Cookie {
+	c := &http.Cookie{Name: name, Value: value, Path: "/", HttpOnly: true, Secure: cs.Secure, SameSite: http.SameSiteLaxMode}
+	switch {
+	case maxAge > 0:
+		c.MaxAge = int(maxAge.Seconds())
+	case maxAge < 0:
+		c.MaxAge = -1
+	}
+	return c
+}
+
+// SessionCookie sets (value != "") or clears the session cookie.
+func (cs CookieSpec) SessionCookie(value string) *http.Cookie {
+	if value == "" {
+		return cs.cookie(cs.Session, "", -1)
+	}
+	return cs.cookie(cs.Session, value, 0) // a browser-session cookie; the server enforces lifetime
+}
+
+// LoginCookie sets (value != "") or clears the short-lived login binding.
+func (cs CookieSpec) LoginCookie(value string, ttl time.Duration) *http.Cookie {
+	if value == "" {
+		return cs.cookie(cs.Login, "", -1)
+	}
+	return cs.cookie(cs.Login, value, ttl)
+}
+
+// Access is what a route requires. The route table declares one per route.
+type Access struct {
+	Public bool       // no session needed (health, login, static)
+	Perm   Permission // required permission; "" means any signed-in user
+	Page   bool       // an HTML page: anonymous GETs are sent to /login, not 401
+	// MaxAuthAge, when set, needs a login no older than this (money-moving
+	// actions): an older session gets ErrReauthRequired and signs in again.
+	MaxAuthAge time.Duration
+}
+
+// ErrReauthRequired means the action needs a more recent login.
+var ErrReauthRequired = errors.New("auth: this action needs a recent login")
+
+// Guard is the echo middleware that enforces Access on every route: it
+// loads the session, checks the CSRF token on every unsafe method and the
+// permission, and audits every refusal.
+type Guard struct {
+	Sessions *Sessions
+	Pool     *pgxpool.Pool
+	Cookies  CookieSpec
+	Meta     func(c echo.Context) RequestMeta
+	// Denied is told about each refusal (metrics); may be nil.
+	Denied func(reason string)
+	// Now is the clock for MaxAuthAge (nil: time.Now).
+	Now func() time.Time
+}
+
+const sessionKey = "sluice.session"
+
+// SessionFrom is the request's session (nil when anonymous).
+func SessionFrom(c echo.Context) *Session {
+	s, _ := c.Get(sessionKey).(*Session)
+	return s
+}
+
+// load reads the session cookie (if any) and keeps the session on the
+// context for the handlers. Public routes (static files, health) skip it.
+func (g *Guard) load(c echo.Context) error {
+	ck, err := c.Cookie(g.Cookies.Session)
+	if err != nil || ck.Value == "" {
+		return nil
+	}
+	sess, err := g.Sessions.Touch(c.Request().Context(), ck.Value)
+	switch {
+	case err == nil:
+		c.Set(sessionKey, sess)
+	case !errors.Is(err, ErrNoSession):
+		return err
+	}
+	return nil
+}
+
+func unsafeMethod(m string) bool {
+	return m != http.MethodGet && m != http.MethodHead && m != http.MethodOptions
+}
+
+// Require enforces a on a route.
+func (g *Guard) Require(a Access) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if a.Public {
+				return next(c)
+			}
+			if err := g.load(c); err != nil {
+				return err
+			}
+			req := c.Request()
+			sess := SessionFrom(c)
+			unsafe := unsafeMethod(req.Method)
+			if sess == nil {
+				if unsafe {
+					return g.deny(c, nil, "no_session")
+				}
+				if a.Page && strings.Contains(req.Header.Get("Accept"), "text/html") && req.Header.Get("HX-Request") == "" {
+					return c.Redirect(http.StatusSeeOther, "/login?next="+url.QueryEscape(SafeNext(req.URL.RequestURI())))
+				}
+				return echo.NewHTTPError(http.StatusUnauthorized)
+			}
+			if unsafe {
+				token := req.Header.Get("X-CSRF-Token")
+				if token == "" {
+					token = c.FormValue("csrf_token")
+				}
+				if !sess.CheckCSRF(token) {
+					return g.deny(c, sess, "csrf")
+				}
+			}
+			if a.Perm != "" && !sess.Can(a.Perm) {
+				return g.deny(c, sess, "permission")
+			}
+			if a.MaxAuthAge > 0 {
+				now := time.Now
+				if g.Now != nil {
+					now = g.Now
+				}
+				if now().Sub(sess.AuthTime) > a.MaxAuthAge {
+					if err := g.deny(c, sess, "reauth"); err != nil && !isForbidden(err) {
+						return err
+					}
+					return ErrReauthRequired
+				}
+			}
+			return next(c)
+		}
+	}
+}
+
+func (g *Guard) deny(c echo.Context, sess *Session, reason string) error {
+	var meta RequestMeta
+	if g.Meta != nil {
+		meta = g.Meta(c)
+	}
+	if err := RecordDenied(c.Request().Context(), g.Pool, sess, meta, c.Request().Method+" "+c.Path(), reason); err != nil {
+		return err
+	}
+	if g.Denied != nil {
+		g.Denied(reason)
+	}
+	return echo.NewHTTPError(http.StatusForbidden)
+}
+
+// RecordDenied audits a refused request (outcome denied) in its own
+// transaction. route is the method and route template, never the raw URL.
+func RecordDenied(ctx context.Context, pool *pgxpool.Pool, sess *Session, meta RequestMeta, route, reason string) error {
+	ev := audit.Event{
+		Action: "request.denied", TargetType: "route", TargetID: route,
+		IP: meta.IP, UserAgent: meta.UserAgent, RequestID: meta.RequestID,
+		Outcome: audit.OutcomeDenied, ErrorCode: reason,
+	}
+	if sess != nil {
+		ev.ActorIss, ev.ActorSub, ev.ActorName, ev.ActorRoles = sess.Issuer, sess.Subject, sess.Name, sess.RoleNames()
+		ev.SessionHash = sess.HashHex()
+	}
+	// A cancelled request (the client went away) still leaves its trace.
+	actx := context.WithoutCancel(ctx)
+	return db.WithTx(actx, pool, func(tx pgx.Tx) error { return audit.Record(actx, tx, ev) })
+}
+
+func isForbidden(err error) bool {
+	var he *echo.HTTPError
+	return errors.As(err, &he) && he.Code == http.StatusForbidden
+}

@@ -1,0 +1,291 @@
+package auth
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/coreos/go-oidc/v3/oidc"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/oauth2"
+
+	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/db"
+)
+
+// Login failures, each with its HTTP status in the web layer.
+var (
+	ErrBadState    = errors.New("auth: missing, unknown, expired or replayed login state") // 400
+	ErrLoginFailed = errors.New("auth: the provider's answer did not verify")              // 401
+	ErrNoRole      = errors.New("auth: no console role for this identity")                 // 403
+)
+
+// RPConfig configures the relying party.
+type RPConfig struct {
+	Issuer       string
+	ClientID     string
+	ClientSecret string
+	RedirectURL  string // <CONSOLE_PUBLIC_URL>/auth/callback
+	PostLogout   string // where the provider sends the browser after logout
+	RolesClaim   string // OIDC_ROLES_CLAIM, default "groups"
+	RoleMap      RoleMap
+	LoginTTL     time.Duration    // how long a started login may take (default 10m)
+	HTTPClient   *http.Client     // talks to the provider (nil: http.DefaultClient)
+	Now          func() time.Time // the verifier's and the state's clock (tests inject it)
+}
+
+// RP is the OIDC relying party: authorization code flow with PKCE (S256),
+// one-time state bound to the browser, nonce checked here, ID token verified
+// by go-oidc (issuer, audience, expiry, signature).
+type RP struct {
+	cfg        RPConfig
+	pool       *pgxpool.Pool
+	sessions   *Sessions
+	verifier   *oidc.IDTokenVerifier
+	oauth      oauth2.Config
+	endSession string
+	clientCtx  context.Context // carries the HTTP client for token and key requests
+}
+
+// NewRP discovers the provider (issuer must match its discovery document).
+func NewRP(ctx context.Context, cfg RPConfig, pool *pgxpool.Pool, sessions *Sessions) (*RP, error) {
+	if cfg.RolesClaim == "" {
+		cfg.RolesClaim = "groups"
+	}
+	if cfg.LoginTTL <= 0 {
+		cfg.LoginTTL = 10 * time.Minute
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if len(cfg.RoleMap) == 0 {
+		return nil, errors.New("auth: empty role map")
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Timeout: 15 * time.Second}
+	}
+	// Keys are fetched lazily for the lifetime of the RP, not of this call.
+	clientCtx := oidc.ClientContext(context.WithoutCancel(ctx), hc)
+	dctx, cancel := context.WithTimeout(oidc.ClientContext(ctx, hc), 15*time.Second)
+	defer cancel()
+	provider, err := oidc.NewProvider(dctx, cfg.Issuer)
+	if err != nil {
+		return nil, fmt.Errorf("OIDC_ISSUER: discovery: %w", err)
+	}
+	var extra struct {
+		EndSession string `json:"end_session_endpoint"`
+	}
+	if err := provider.Claims(&extra); err != nil {
+		return nil, fmt.Errorf("OIDC_ISSUER: discovery document: %w", err)
+	}
+	rp := &RP{
+		cfg:        cfg,
+		pool:       pool,
+		sessions:   sessions,
+		endSession: extra.EndSession,
+		clientCtx:  clientCtx,
+		verifier:   provider.VerifierContext(clientCtx, &oidc.Config{ClientID: cfg.ClientID, Now: cfg.Now}),
+		oauth: oauth2.Config{
+			ClientID:     cfg.ClientID,
+			ClientSecret: cfg.ClientSecret,
+			Endpoint:     provider.Endpoint(),
+			RedirectURL:  cfg.RedirectURL,
+			Scopes:       []string{oidc.ScopeOpenID, "profile"},
+		},
+	}
+	return rp, nil
+}
+
+// Begin starts a login: it stores a one-time state (hashed) with the nonce,
+// the PKCE verifier and the post-login path, bound to a fresh browser
+// cookie value, and returns the provider URL and that cookie value. With
+// reauth the provider is asked to authenticate the user again (prompt=login,
+// max_age=0), for actions that need a recent login.
+func (rp *RP) Begin(ctx context.Context, next string, reauth bool) (authURL, binding string, err error) {
+	state, err := randomToken()
+	if err != nil {
+		return "", "", err
+	}
+	nonce, err := randomToken()
+	if err != nil {
+		return "", "", err
+	}
+	if binding, err = randomToken(); err != nil {
+		return "", "", err
+	}
+	verifier := oauth2.GenerateVerifier()
+	_, err = rp.pool.Exec(ctx, `
+		INSERT INTO console_login (state_hash, binding_hash, nonce, pkce_verifier, next_path, created_at, expires_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		HashToken(state), HashToken(binding), nonce, verifier, SafeNext(next), rp.cfg.Now(), rp.cfg.Now().Add(rp.cfg.LoginTTL))
+	if err != nil {
+		return "", "", fmt.Errorf("auth: store login state: %w", err)
+	}
+	opts := []oauth2.AuthCodeOption{oauth2.S256ChallengeOption(verifier), oidc.Nonce(nonce)}
+	if reauth {
+		opts = append(opts, oauth2.SetAuthURLParam("prompt", "login"), oauth2.SetAuthURLParam("max_age", "0"))
+	}
+	u := rp.oauth.AuthCodeURL(state, opts...)
+	return u, binding, nil
+}
+
+// RequestMeta is who sent a request, for the audit trail.
+type RequestMeta struct {
+	IP        string
+	UserAgent string
+	RequestID string
+}
+
+// Callback is what the provider sent back, plus the browser's cookies.
+type Callback struct {
+	State      string
+	Code       string
+	Error      string // the provider's error parameter, if any
+	Binding    string // the login cookie
+	OldSession string // the session cookie held before login, if any: ended
+	Meta       RequestMeta
+}
+
+// Login is a completed login.
+type Login struct {
+	Token   string // the new session cookie value
+	Session *Session
+	Next    string
+}
+
+// Finish completes a login. Errors wrap ErrBadState, ErrLoginFailed or
+// ErrNoRole; in every error case no session exists afterwards.
+func (rp *RP) Finish(ctx context.Context, cb Callback) (*Login, error) {
+	if cb.State == "" || cb.Binding == "" {
+		return nil, ErrBadState
+	}
+	// Consume the state first: whatever happens next, it cannot be replayed.
+	var (
+		bindingHash     []byte
+		nonce, verifier string
+		next            string
+		expires         time.Time
+	)
+	err := rp.pool.QueryRow(ctx, `
+		DELETE FROM console_login WHERE state_hash = $1
+		RETURNING binding_hash, nonce, pkce_verifier, next_path, expires_at`,
+		HashToken(cb.State)).Scan(&bindingHash, &nonce, &verifier, &next, &expires)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrBadState
+	}
+	if err != nil {
+		return nil, fmt.Errorf("auth: read login state: %w", err)
+	}
+	if subtle.ConstantTimeCompare(bindingHash, HashToken(cb.Binding)) != 1 || !rp.cfg.Now().Before(expires) {
+		return nil, ErrBadState
+	}
+	if cb.Error != "" || cb.Code == "" {
+		return nil, fmt.Errorf("%w: provider returned no code", ErrLoginFailed)
+	}
+	ectx, cancel := context.WithTimeout(rp.clientCtx, 15*time.Second)
+	defer cancel()
+	tok, err := rp.oauth.Exchange(ectx, cb.Code, oauth2.VerifierOption(verifier))
+	if err != nil {
+		return nil, fmt.Errorf("%w: code exchange: %v", ErrLoginFailed, err)
+	}
+	rawID, _ := tok.Extra("id_token").(string)
+	if rawID == "" {
+		return nil, fmt.Errorf("%w: no id_token", ErrLoginFailed)
+	}
+	idt, err := rp.verifier.Verify(ctx, rawID)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrLoginFailed, err)
+	}
+	// go-oidc does not check the nonce: that is the app's job.
+	if subtle.ConstantTimeCompare([]byte(idt.Nonce), []byte(nonce)) != 1 {
+		return nil, fmt.Errorf("%w: nonce mismatch", ErrLoginFailed)
+	}
+	var claims map[string]any
+	if err := idt.Claims(&claims); err != nil {
+		return nil, fmt.Errorf("%w: claims: %v", ErrLoginFailed, err)
+	}
+	name, _ := claims["preferred_username"].(string)
+	if name == "" {
+		name, _ = claims["name"].(string)
+	}
+	groups := groupsFromClaim(claims[rp.cfg.RolesClaim])
+	roles := rp.cfg.RoleMap.Roles(groups)
+	ev := audit.Event{
+		ActorIss: idt.Issuer, ActorSub: idt.Subject, ActorName: name, ActorRoles: roleStrings(roles),
+		Action: "auth.login", TargetType: "session",
+		IP: cb.Meta.IP, UserAgent: cb.Meta.UserAgent, RequestID: cb.Meta.RequestID,
+	}
+	if len(roles) == 0 {
+		ev.Outcome, ev.ErrorCode = audit.OutcomeDenied, "no_mapped_role"
+		ev.After, _ = json.Marshal(map[string]any{"groups": groups})
+		if err := db.WithTx(ctx, rp.pool, func(tx pgx.Tx) error { return audit.Record(ctx, tx, ev) }); err != nil {
+			return nil, err
+		}
+		return nil, ErrNoRole
+	}
+	authTime := idt.IssuedAt
+	if at, ok := claims["auth_time"].(float64); ok && at > 0 {
+		authTime = time.Unix(int64(at), 0)
+	}
+	sess := &Session{Issuer: idt.Issuer, Subject: idt.Subject, Name: name, Roles: roles, AuthTime: authTime, IDTokenHint: rawID}
+	var token string
+	err = db.WithTx(ctx, rp.pool, func(tx pgx.Tx) error {
+		if cb.OldSession != "" {
+			if err := rp.sessions.deleteByHash(ctx, tx, HashToken(cb.OldSession)); err != nil {
+				return err
+			}
+		}
+		var err error
+		if token, err = rp.sessions.create(ctx, tx, sess); err != nil {
+			return err
+		}
+		ev.SessionHash, ev.Outcome = sess.HashHex(), audit.OutcomeOK
+		return audit.Record(ctx, tx, ev)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Login{Token: token, Session: sess, Next: SafeNext(next)}, nil
+}
+
+// Logout ends sess (with its audit event) and returns where to send the
+// browser: the provider's end_session_endpoint when it has one.
+func (rp *RP) Logout(ctx context.Context, sess *Session, meta RequestMeta) (string, error) {
+	err := db.WithTx(ctx, rp.pool, func(tx pgx.Tx) error {
+		if err := rp.sessions.deleteByHash(ctx, tx, sess.IDHash); err != nil {
+			return err
+		}
+		return audit.Record(ctx, tx, audit.Event{
+			ActorIss: sess.Issuer, ActorSub: sess.Subject, ActorName: sess.Name, ActorRoles: sess.RoleNames(),
+			Action: "auth.logout", TargetType: "session", SessionHash: sess.HashHex(),
+			IP: meta.IP, UserAgent: meta.UserAgent, RequestID: meta.RequestID, Outcome: audit.OutcomeOK,
+		})
+	})
+	if err != nil {
+		return "", err
+	}
+	if rp.endSession == "" {
+		return rp.cfg.PostLogout, nil
+	}
+	u, err := url.Parse(rp.endSession)
+	if err != nil {
+		return rp.cfg.PostLogout, nil
+	}
+	q := u.Query()
+	q.Set("client_id", rp.cfg.ClientID)
+	if sess.IDTokenHint != "" {
+		q.Set("id_token_hint", sess.IDTokenHint)
+	}
+	if rp.cfg.PostLogout != "" {
+		q.Set("post_logout_redirect_uri", rp.cfg.PostLogout)
+	}
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}

@@ -1,0 +1,172 @@
+// Package devoidc is the development OpenID Provider: a real OP (zitadel's
+// op package) with an in-memory store, a username/password form and four
+// demo users, one per console role. It binds to loopback only and serves
+// the demo and the tests, never `console serve`.
+package devoidc
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"html/template"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/zitadel/oidc/v3/pkg/op"
+)
+
+// Config of a development provider.
+type Config struct {
+	Addr           string // loopback host:port; port 0 picks one
+	ClientID       string
+	ClientSecret   string
+	RedirectURIs   []string // the console's /auth/callback
+	PostLogoutURIs []string
+}
+
+// DemoUsers are the logins the demo prints (password = user name) and their
+// groups; the matching role map is DemoRoleMap.
+var DemoUsers = []struct{ Username, Group string }{
+	{"support", "support"},
+	{"oncall", "oncall"},
+	{"auditor", "audit"},
+	{"admin", "sre"},
+}
+
+// DemoRoleMap maps the demo users' groups to console roles (CONSOLE_ROLE_MAP).
+const DemoRoleMap = "support:viewer,oncall:operator,audit:auditor,sre:admin"
+
+// Server is a running provider.
+type Server struct {
+	issuer   string
+	srv      *http.Server
+	store    *storage
+	done     chan struct{}
+	serveErr error
+}
+
+// Start listens on cfg.Addr (loopback only) and serves the provider.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	host, _, err := net.SplitHostPort(cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("devoidc: address %q: %w", cfg.Addr, err)
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return nil, fmt.Errorf("devoidc: refusing to listen on %q: the development provider binds to a loopback IP only", cfg.Addr)
+	}
+	if cfg.ClientID == "" || cfg.ClientSecret == "" || len(cfg.RedirectURIs) == 0 {
+		return nil, errors.New("devoidc: client id, secret and redirect URIs are required")
+	}
+	store, err := newStorage(&client{id: cfg.ClientID, secret: cfg.ClientSecret, redirectURIs: cfg.RedirectURIs, postLogoutURIs: cfg.PostLogoutURIs})
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range DemoUsers {
+		store.addUser(&user{id: "demo-" + u.Username, username: u.Username, password: u.Username, groups: []string{u.Group}})
+	}
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("devoidc: listen: %w", err)
+	}
+	issuer := "http://" + ln.Addr().String()
+	var cryptoKey [32]byte
+	_, _ = rand.Read(cryptoKey[:])
+	provider, err := op.NewProvider(&op.Config{
+		CryptoKey:                cryptoKey,
+		DefaultLogoutRedirectURI: "/signed-out",
+		CodeMethodS256:           true,
+	}, store, op.StaticIssuer(issuer), op.WithAllowInsecure())
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("devoidc: %w", err)
+	}
+	l := &loginPage{store: store, callback: op.AuthCallbackURL(provider)}
+	interceptor := op.NewIssuerInterceptor(provider.IssuerFromRequest)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /login", l.show)
+	mux.Handle("POST /login", interceptor.HandlerFunc(l.submit))
+	mux.HandleFunc("GET /signed-out", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "signed out of the development provider")
+	})
+	mux.Handle("/", provider)
+	s := &Server{
+		issuer: issuer,
+		store:  store,
+		done:   make(chan struct{}),
+		srv:    &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second},
+	}
+	go func() {
+		defer close(s.done)
+		if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			s.serveErr = err
+		}
+	}()
+	return s, nil
+}
+
+// Issuer is the provider's issuer URL (OIDC_ISSUER for the console).
+func (s *Server) Issuer() string { return s.issuer }
+
+// AddUser adds a login (tests use it for a user whose groups map to no role).
+func (s *Server) AddUser(username, password string, groups ...string) {
+	s.store.addUser(&user{id: "user-" + username, username: username, password: password, groups: groups})
+}
+
+// Close stops the provider.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.srv.Shutdown(ctx)
+	<-s.done
+	return errors.Join(err, s.serveErr)
+}
+
+type loginPage struct {
+	store    *storage
+	callback func(context.Context, string) string
+}
+
+var loginTmpl = template.Must(template.New("login").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Sluice development sign-in</title></head>
+<body style="font-family:sans-serif;max-width:24rem;margin:4rem auto">
+<h1>Development sign-in</h1>
+<p>Demo users: support, oncall, auditor, admin (password = user name).</p>
+{{if .Error}}<p role="alert" data-testid="login-error">{{.Error}}</p>{{end}}
+<form method="post" action="/login">
+<input type="hidden" name="id" value="{{.ID}}">
+<p><label>User <input name="username" id="username" data-testid="username" autocomplete="username" autofocus></label></p>
+<p><label>Password <input name="password" id="password" data-testid="password" type="password" autocomplete="current-password"></label></p>
+<p><button type="submit" id="submit" data-testid="submit">Sign in</button></p>
+</form></body></html>`))
+
+func (l *loginPage) render(w http.ResponseWriter, id, msg string, status int) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = loginTmpl.Execute(w, struct{ ID, Error string }{id, msg})
+}
+
+func (l *loginPage) show(w http.ResponseWriter, r *http.Request) {
+	l.render(w, r.URL.Query().Get("authRequestID"), "", http.StatusOK)
+}
+
+func (l *loginPage) submit(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	if err := r.ParseForm(); err != nil {
+		http.Error(w, "bad form", http.StatusBadRequest)
+		return
+	}
+	id := r.PostFormValue("id")
+	if err := l.store.checkLogin(id, r.PostFormValue("username"), r.PostFormValue("password")); err != nil {
+		if errors.Is(err, errNotFound) {
+			l.render(w, "", "This sign-in request is unknown or finished; start again from the console.", http.StatusBadRequest)
+			return
+		}
+		l.render(w, id, "Wrong user name or password.", http.StatusUnauthorized)
+		return
+	}
+	http.Redirect(w, r, l.callback(r.Context(), id), http.StatusFound)
+}

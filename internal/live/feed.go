@@ -1,0 +1,330 @@
+package live
+
+import (
+	"bytes"
+	"context"
+
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// NotifyChannel is the LISTEN/NOTIFY channel that wakes the poller early
+// (the outbox relay may NOTIFY it after a batch).
+const NotifyChannel = "sluice_outbox"
+
+// Fragment is one rendered piece of the dashboard, swapped by id.
+type Fragment struct {
+	ID   string
+	HTML []byte
+}
+
+// RenderFunc renders the dashboard's live fragments (out-of-band swaps) for
+// the current snapshot and the history. The web layer provides it, with the
+// same components the page uses: domain packages never import views.
+type RenderFunc func(cur Snapshot, history []Snapshot) ([]Fragment, error)
+
+// CloseReason says why the hub closed a client.
+type CloseReason int
+
+// Reasons a client is closed.
+const (
+	ClosedByClient CloseReason = iota // the socket went away
+	ClosedSlow                        // its buffer was full: dropped, it may reconnect
+	ClosedSession                     // its session ended (logout, expiry, role loss)
+	ClosedShutdown                    // the process is stopping
+)
+
+// Config of a feed.
+type Config struct {
+	Interval     time.Duration // tick (default 1s)
+	MinInterval  time.Duration // NOTIFY wakes are rate-limited to this (default 250ms)
+	History      time.Duration // sparkline window (default 1h)
+	ClientBuffer int           // messages queued per client before it is dropped (default 8)
+	Render       RenderFunc
+	Logger       *slog.Logger
+}
+
+// Client is one subscribed browser.
+type Client struct {
+	session string
+	send    chan []byte
+	done    chan struct{}
+	once    sync.Once
+	reason  atomic.Int32
+}
+
+// Messages are the bytes to write to the socket, in order.
+func (c *Client) Messages() <-chan []byte { return c.send }
+
+// Done is closed when the hub drops the client.
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Reason is why Done was closed.
+func (c *Client) Reason() CloseReason { return CloseReason(c.reason.Load()) }
+
+func (c *Client) close(r CloseReason) {
+	c.once.Do(func() {
+		c.reason.Store(int32(r))
+		close(c.done)
+	})
+}
+
+// Feed is the process's one live feed.
+type Feed struct {
+	q      Querier
+	listen *pgxpool.Pool
+	cfg    Config
+	log    *slog.Logger
+
+	queries atomic.Int64 // snapshot statements run
+	ticks   atomic.Int64
+
+	mu        sync.Mutex
+	latest    Snapshot
+	haveFirst bool
+	ring      []Snapshot
+	frags     map[string][]byte // last rendered HTML per fragment id
+	order     []string
+	clients   map[*Client]struct{}
+	dropped   int64
+
+	wake chan struct{}
+}
+
+// New builds a feed reading snapshots through q. listen (may be nil) is the
+// pool a dedicated LISTEN connection is taken from.
+func New(q Querier, listen *pgxpool.Pool, cfg Config) *Feed {
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.MinInterval <= 0 {
+		cfg.MinInterval = 250 * time.Millisecond
+	}
+	if cfg.History <= 0 {
+		cfg.History = time.Hour
+	}
+	if cfg.ClientBuffer <= 0 {
+		cfg.ClientBuffer = 8
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Feed{q: q, listen: listen, cfg: cfg, log: cfg.Logger, frags: map[string][]byte{},
+		clients: map[*Client]struct{}{}, wake: make(chan struct{}, 1)}
+}
+
+// Run polls until ctx ends, then closes every client.
+func (f *Feed) Run(ctx context.Context) error {
+	defer f.closeAll(ClosedShutdown)
+	if f.listen != nil {
+		go f.listenLoop(ctx)
+	}
+	t := time.NewTicker(f.cfg.Interval)
+	defer t.Stop()
+	var last time.Time
+	for {
+		if err := f.Step(ctx); err != nil && ctx.Err() == nil {
+			f.log.Warn("live snapshot failed", "err", err)
+		}
+		last = time.Now()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-f.wake:
+			// NOTIFY serializes commits and can come in floods: never poll
+			// more often than MinInterval.
+			if wait := f.cfg.MinInterval - time.Since(last); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(wait):
+				}
+			}
+			t.Reset(f.cfg.Interval)
+		}
+	}
+}
+
+func (f *Feed) listenLoop(ctx context.Context) {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		err := f.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		f.log.Warn("live LISTEN connection lost; polling continues", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 30*time.Second)
+	}
+}
+
+func (f *Feed) listenOnce(ctx context.Context) error {
+	pc, err := f.listen.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// The connection stays in LISTEN state: it never goes back to the pool.
+	conn := pc.Hijack()
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+		return err
+	}
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		select {
+		case f.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Step reads one snapshot, records it, and pushes the changed fragments.
+func (f *Feed) Step(ctx context.Context) error {
+	f.mu.Lock()
+	prev := f.latest.At
+	f.mu.Unlock()
+	f.queries.Add(1)
+	s, err := ReadSnapshot(ctx, f.q, prev)
+	if err != nil {
+		return err
+	}
+	f.ticks.Add(1)
+	f.mu.Lock()
+	f.latest, f.haveFirst = s, true
+	f.ring = append(f.ring, s)
+	cut := 0
+	for cut < len(f.ring) && s.At.Sub(f.ring[cut].At) > f.cfg.History {
+		cut++
+	}
+	if cut > 0 {
+		f.ring = append(f.ring[:0:0], f.ring[cut:]...)
+	}
+	hist := append([]Snapshot(nil), f.ring...)
+	f.mu.Unlock()
+	if f.cfg.Render == nil {
+		return nil
+	}
+	// Rendered once per tick, whatever the number of clients.
+	frags, err := f.cfg.Render(s, hist)
+	if err != nil {
+		return err
+	}
+	var msg bytes.Buffer
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.order = f.order[:0]
+	for _, fr := range frags {
+		f.order = append(f.order, fr.ID)
+		if !bytes.Equal(f.frags[fr.ID], fr.HTML) {
+			msg.Write(fr.HTML)
+			f.frags[fr.ID] = fr.HTML
+		}
+	}
+	if msg.Len() == 0 {
+		return nil
+	}
+	b := msg.Bytes()
+	for c := range f.clients {
+		select {
+		case c.send <- b:
+		default:
+			// A slow client is dropped, never buffered without bound; its
+			// browser reconnects and gets the full state again.
+			delete(f.clients, c)
+			f.dropped++
+			c.close(ClosedSlow)
+		}
+	}
+	return nil
+}
+
+// Subscribe adds a client for the session with this id hash. Its first
+// message is the full current state.
+func (f *Feed) Subscribe(sessionHash string) *Client {
+	c := &Client{session: sessionHash, send: make(chan []byte, f.cfg.ClientBuffer), done: make(chan struct{})}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var full bytes.Buffer
+	for _, id := range f.order {
+		full.Write(f.frags[id])
+	}
+	if full.Len() > 0 {
+		c.send <- full.Bytes()
+	}
+	f.clients[c] = struct{}{}
+	return c
+}
+
+// Unsubscribe removes a client (its socket closed).
+func (f *Feed) Unsubscribe(c *Client) {
+	f.mu.Lock()
+	delete(f.clients, c)
+	f.mu.Unlock()
+	c.close(ClosedByClient)
+}
+
+// CloseSession closes every socket of a session (logout).
+func (f *Feed) CloseSession(sessionHash string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for c := range f.clients {
+		if c.session == sessionHash {
+			delete(f.clients, c)
+			c.close(ClosedSession)
+			n++
+		}
+	}
+	return n
+}
+
+func (f *Feed) closeAll(r CloseReason) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for c := range f.clients {
+		delete(f.clients, c)
+		c.close(r)
+	}
+}
+
+// Latest is the newest snapshot (false before the first).
+func (f *Feed) Latest() (Snapshot, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.latest, f.haveFirst
+}
+
+// History is the snapshots of the last hour, oldest first.
+func (f *Feed) History() []Snapshot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]Snapshot(nil), f.ring...)
+}
+
+// Clients is the number of subscribed clients.
+func (f *Feed) Clients() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.clients)
+}
+
+// Dropped is the number of slow clients dropped so far.
+func (f *Feed) Dropped() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.dropped
+}
+
+// Stats are the feed's own counters (tests check the fan-out cost with them).
+func (f *Feed) Stats() (queries, ticks int64) { return f.queries.Load(), f.ticks.Load() }

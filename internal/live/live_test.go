@@ -1,0 +1,198 @@
+package live_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/internal/outbox"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func TestSnapshotReadsTheLiveState(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+		for i, topic := range []string{"payments", "payments", "payments", "ledger"} {
+			if _, err := outbox.Insert(ctx, tx, outbox.Event{AggregateType: "t", AggregateID: fmt.Sprint(i), Topic: topic,
+				EventType: "t.v1", Payload: json.RawMessage(`{}`)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prev := time.Now().Add(-time.Hour)
+	// one in flight, one dead, one published just now; backdate the oldest pending
+	exec(`UPDATE outbox_event SET locked_until = now() + interval '1 minute', lock_token = gen_random_uuid(),
+	        created_at = now() - interval '90 seconds'
+	      WHERE id = (SELECT id FROM outbox_event WHERE topic = 'payments' ORDER BY id LIMIT 1)`)
+	exec(`UPDATE outbox_event SET status = 'dead', dead_at = now(), attempts = 9 WHERE id = (SELECT id FROM outbox_event WHERE topic = 'payments' ORDER BY id DESC LIMIT 1)`)
+	exec(`UPDATE outbox_event SET status = 'published', published_at = now() WHERE topic = 'ledger'`)
+	exec(`INSERT INTO account (account_id, balance) VALUES (1, 100)`)
+	exec(`INSERT INTO payment (operation_id, merchant_id, invoice_id, account_id, amount, currency, status, unknown_since)
+	      VALUES (gen_random_uuid(), 'm', 'i1', 1, 12.50, 'TRY', 'unknown', now() - interval '10 minutes'),
+	             (gen_random_uuid(), 'm', 'i2', 1, 3.00, 'TRY', 'unknown', now() - interval '1 minute'),
+	             (gen_random_uuid(), 'm', 'i3', 1, 3.00, 'TRY', 'completed', NULL)`)
+	exec(`INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, operation_id, locked_until)
+	      VALUES ('m', 'k1', 'h', gen_random_uuid(), now() - interval '1 minute'),
+	             ('m', 'k2', 'h', gen_random_uuid(), now() + interval '1 minute')`)
+
+	s, err := live.ReadSnapshot(ctx, pool, prev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Pending != 2 || s.InFlight != 1 || s.Dead != 1 || s.Published != 1 || s.Unknown != 2 || s.StuckProcessing != 1 {
+		t.Fatalf("snapshot %+v", s)
+	}
+	if len(s.Backlog) != 1 || s.Backlog[0] != (live.TopicBacklog{Topic: "payments", Pending: 2, InFlight: 1}) {
+		t.Fatalf("backlog %+v", s.Backlog)
+	}
+	if s.OldestPendingAge < 89*time.Second || s.ReconcileAge < 9*time.Minute || s.PublishedPerSec <= 0 {
+		t.Fatalf("ages/rate %+v", s)
+	}
+	if len(s.RecentDead) != 1 || s.RecentDead[0].Attempts != 9 || len(s.RecentUnknown) != 2 || s.RecentUnknown[0].Amount != "12.50" {
+		t.Fatalf("lists %+v %+v", s.RecentDead, s.RecentUnknown)
+	}
+}
+
+// The snapshot reads the partial indexes, never the whole history.
+func TestSnapshotPlanUsesPartialIndexes(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	// A history of published rows, so a sequential scan would be the wrong plan.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, published_at)
+		SELECT gen_random_uuid(), 't', g::text, 1, 'x', 't.v1', '{}', 'published', now() - interval '1 day'
+		FROM generate_series(1, 20000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE outbox_event`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, "EXPLAIN "+live.SnapshotSQL, time.Now().Add(-time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := strings.Join(lines, "\n")
+	t.Log("\n" + plan)
+	// Either partial index on pending rows keeps the cost at O(pending).
+	if !strings.Contains(plan, "using outbox_event_pending_idx") && !strings.Contains(plan, "using outbox_event_pending_aggregate_idx") {
+		t.Error("plan does not read a pending-only index")
+	}
+	for _, idx := range []string{"outbox_event_dead_idx", "outbox_event_published_idx", "payment_unknown_idx", "idempotency_record_processing_idx"} {
+		if !strings.Contains(plan, idx) {
+			t.Errorf("plan does not use %s", idx)
+		}
+	}
+	if strings.Contains(plan, "Seq Scan on outbox_event") {
+		t.Error("plan scans the whole outbox")
+	}
+}
+
+type constQuerier struct{ pool live.Querier }
+
+func (q constQuerier) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return q.pool.QueryRow(ctx, sql, args...)
+}
+
+// A client that never reads is dropped once its bounded buffer is full;
+// the others keep receiving.
+func TestSlowClientIsDropped(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	n := 0
+	f := live.New(constQuerier{pool}, nil, live.Config{ClientBuffer: 4, Render: func(live.Snapshot, []live.Snapshot) ([]live.Fragment, error) {
+		n++ // every tick changes the page
+		return []live.Fragment{{ID: "x", HTML: []byte(strings.Repeat("x", 1000) + fmt.Sprint(n))}}, nil
+	}})
+	ctx := context.Background()
+	if err := f.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	slow := f.Subscribe("s1")
+	fast := f.Subscribe("s2")
+	fastGot := 0
+	for i := 0; i < 20; i++ {
+		if err := f.Step(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for drained := false; !drained; {
+			select {
+			case <-fast.Messages():
+				fastGot++
+			default:
+				drained = true
+			}
+		}
+		if len(slow.Messages()) > 4 {
+			t.Fatalf("slow client buffered %d messages: unbounded", len(slow.Messages()))
+		}
+	}
+	select {
+	case <-slow.Done():
+	default:
+		t.Fatal("slow client not dropped")
+	}
+	if slow.Reason() != live.ClosedSlow || f.Dropped() != 1 || f.Clients() != 1 {
+		t.Fatalf("reason %v dropped %d clients %d", slow.Reason(), f.Dropped(), f.Clients())
+	}
+	if fastGot != 21 { // the initial full state + 20 ticks
+		t.Fatalf("fast client got %d messages", fastGot)
+	}
+	if n := f.CloseSession("s2"); n != 1 {
+		t.Fatalf("CloseSession closed %d", n)
+	}
+	if fast.Reason() != live.ClosedSession {
+		t.Fatal("fast client not closed for its session")
+	}
+}
+
+func TestNotifyWakesThePollerEarly(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	f := live.New(pool, pool, live.Config{Interval: time.Hour, MinInterval: time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); _ = f.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, ticks := f.Stats()
+		if ticks >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("NOTIFY did not wake the poller (ticks %d; the interval is an hour)", ticks)
+		}
+		if _, err := pool.Exec(ctx, `SELECT pg_notify($1, '')`, live.NotifyChannel); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	<-done
+}

@@ -1,0 +1,29 @@
+// Sluice console: the connection indicator and keyboard navigation.
+// Loaded with the page's CSP nonce; no inline handlers, no eval.
+(function () {
+  "use strict";
+  var conn = document.getElementById("conn");
+  function state(s, text) {
+    if (!conn) return;
+    conn.dataset.state = s;
+    conn.textContent = text;
+  }
+  document.body.addEventListener("htmx:wsConnecting", function () { state("connecting", "connecting…"); });
+  document.body.addEventListener("htmx:wsOpen", function () { state("open", "live"); });
+  document.body.addEventListener("htmx:wsClose", function (e) {
+    var code = e.detail && e.detail.event ? e.detail.event.code : 0;
+    // 1006/1011/1012/1013: the extension reconnects with backoff.
+    var retry = [1006, 1011, 1012, 1013].indexOf(code) >= 0;
+    state("closed", retry ? "reconnecting…" : "disconnected");
+  });
+  // "g" then a key jumps to a section (keys are on the nav links).
+  var pending = false;
+  document.addEventListener("keydown", function (e) {
+    var t = e.target;
+    if (e.ctrlKey || e.metaKey || e.altKey || (t && (t.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName)))) return;
+    if (!pending) { pending = e.key === "g"; return; }
+    pending = false;
+    var link = document.querySelector('nav a[data-key="' + e.key + '"]');
+    if (link) link.click();
+  });
+})();

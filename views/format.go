@@ -1,0 +1,135 @@
+// Package views holds the console's templ components: the layout, the pages
+// and the fragments that the pages and the websocket pushes share.
+package views
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"time"
+)
+
+// htmxConfig turns off everything htmx could evaluate and keeps requests on
+// this origin.
+const htmxConfig = `{"allowEval":false,"allowScriptTags":false,"selfRequestsOnly":true,"includeIndicatorStyles":false,"historyCacheSize":0,"wsReconnectDelay":"full-jitter"}`
+
+func csrfHeaders(token string) string {
+	b, _ := json.Marshal(map[string]string{"X-CSRF-Token": token})
+	return string(b)
+}
+
+// Age formats a duration compactly: 0s, 42s, 3m05s, 2h10m, 3d4h.
+func Age(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	s := int64(d.Round(time.Second) / time.Second)
+	switch {
+	case s < 60:
+		return fmt.Sprintf("%ds", s)
+	case s < 3600:
+		return fmt.Sprintf("%dm%02ds", s/60, s%60)
+	case s < 86400:
+		return fmt.Sprintf("%dh%02dm", s/3600, (s%3600)/60)
+	}
+	return fmt.Sprintf("%dd%dh", s/86400, (s%86400)/3600)
+}
+
+// Count formats a count with thin grouping.
+func Count(n int64) string {
+	if n < 0 {
+		return "-" + Count(-n)
+	}
+	s := fmt.Sprint(n)
+	out := make([]byte, 0, len(s)+len(s)/3)
+	for i := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}
+
+// Rate formats events per second.
+func Rate(r float64) string {
+	switch {
+	case r <= 0 || math.IsNaN(r):
+		return "0"
+	case r < 10:
+		return fmt.Sprintf("%.1f", r)
+	}
+	return Count(int64(math.Round(r)))
+}
+
+// Spark is a server-rendered sparkline: SVG polyline points over a fixed
+// box, the newest value at the right.
+type Spark struct {
+	Label  string
+	TestID string
+	Now    string
+	Max    string
+	Points string
+	Class  string
+}
+
+const sparkW, sparkH = 240.0, 40.0
+
+// NewSpark scales values into the sparkline box.
+func NewSpark(label, testID, class string, values []float64, format func(float64) string) Spark {
+	sp := Spark{Label: label, TestID: testID, Class: class, Now: format(0), Max: format(0)}
+	if len(values) == 0 {
+		return sp
+	}
+	values = downsample(values, 120)
+	maxV := 0.0
+	for _, v := range values {
+		maxV = math.Max(maxV, v)
+	}
+	sp.Now, sp.Max = format(values[len(values)-1]), format(maxV)
+	step := sparkW
+	if len(values) > 1 {
+		step = sparkW / float64(len(values)-1)
+	}
+	buf := make([]byte, 0, len(values)*12)
+	for i, v := range values {
+		y := sparkH - 1
+		if maxV > 0 {
+			y = sparkH - 1 - (v/maxV)*(sparkH-2)
+		}
+		x := float64(i) * step
+		if len(values) == 1 {
+			x = sparkW
+		}
+		buf = fmt.Appendf(buf, "%.1f,%.1f ", x, y)
+	}
+	sp.Points = string(buf)
+	return sp
+}
+
+// downsample keeps at most n points, each the maximum of its bucket, so a
+// spike in an hour of one-second ticks still shows.
+func downsample(v []float64, n int) []float64 {
+	if len(v) <= n {
+		return v
+	}
+	out := make([]float64, n)
+	for i := range out {
+		lo, hi := i*len(v)/n, (i+1)*len(v)/n
+		m := v[lo]
+		for _, x := range v[lo:hi] {
+			m = math.Max(m, x)
+		}
+		out[i] = m
+	}
+	return out
+}
+
+// short is the tail of an id, enough to tell rows apart on screen (the head
+// of a UUIDv7 is its timestamp, shared by ids made in the same millisecond).
+func short(id string) string {
+	if len(id) > 12 {
+		return "…" + id[len(id)-12:]
+	}
+	return id
+}

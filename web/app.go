@@ -1,0 +1,283 @@
+// Package web is the console's HTTP side: echo handlers (one file per
+// screen or action), the route table (routes.go, every route declares the
+// access it needs) and the one error handler (errors.go).
+package web
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/live"
+)
+
+// Config is the console's configuration (see internal/config.Console).
+type Config struct {
+	Addr             string // CONSOLE_ADDR (ignored when Deps.Listener is set)
+	PublicURL        string // CONSOLE_PUBLIC_URL
+	MetricsAddr      string // METRICS_ADDR: empty serves /metrics on Addr
+	OIDCIssuer       string
+	OIDCClientID     string
+	OIDCClientSecret string
+	RolesClaim       string
+	RoleMap          auth.RoleMap
+	SessionLifetime  time.Duration // absolute (default 12h)
+	SessionIdle      time.Duration // idle timeout (default 30m)
+	SessionRecheck   time.Duration // how often an open websocket re-checks its session (default 30s)
+	Tick             time.Duration // live snapshot interval (default 1s)
+	BodyLimit        string        // request body limit (default "64K")
+}
+
+// Deps are the parts the console is built from.
+type Deps struct {
+	Pool     *pgxpool.Pool
+	Logger   *slog.Logger
+	Registry *prometheus.Registry // nil: a fresh one
+	Listener net.Listener         // optional: an already bound listener (tests, the demo)
+	// SnapshotQuerier reads the live snapshot (nil: Pool). Tests wrap it to
+	// count statements.
+	SnapshotQuerier live.Querier
+	// OIDCHTTPClient talks to the provider (nil: a client with a timeout).
+	OIDCHTTPClient *http.Client
+	// Now is the clock of sessions and the ID token verifier (nil: time.Now).
+	Now func() time.Time
+}
+
+// App is a built console.
+type App struct {
+	cfg      Config
+	pool     *pgxpool.Pool
+	log      *slog.Logger
+	e        *echo.Echo
+	handler  http.Handler
+	origin   string // scheme://host of PublicURL: the websocket Origin allowlist
+	cookies  auth.CookieSpec
+	sessions *auth.Sessions
+	rp       *auth.RP
+	guard    *auth.Guard
+	feed     *live.Feed
+	reg      *prometheus.Registry
+	metrics  *metrics
+	ln       net.Listener
+
+	mu      sync.Mutex
+	servers []*http.Server
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// New builds the console: it discovers the OIDC provider, so the provider
+// must be reachable.
+func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
+	if deps.Pool == nil {
+		return nil, errors.New("web: no database pool")
+	}
+	if cfg.SessionLifetime <= 0 {
+		cfg.SessionLifetime = 12 * time.Hour
+	}
+	if cfg.SessionIdle <= 0 {
+		cfg.SessionIdle = 30 * time.Minute
+	}
+	if cfg.SessionRecheck <= 0 {
+		cfg.SessionRecheck = 30 * time.Second
+	}
+	if cfg.BodyLimit == "" {
+		cfg.BodyLimit = "64K"
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.New(slog.DiscardHandler)
+	}
+	if deps.Registry == nil {
+		deps.Registry = prometheus.NewRegistry()
+	}
+	pub, err := url.Parse(cfg.PublicURL)
+	if err != nil || pub.Host == "" {
+		return nil, fmt.Errorf("CONSOLE_PUBLIC_URL: %q is not an absolute URL", cfg.PublicURL)
+	}
+	cookies, err := auth.NewCookieSpec(cfg.PublicURL)
+	if err != nil {
+		return nil, err
+	}
+	a := &App{
+		cfg: cfg, pool: deps.Pool, log: deps.Logger, cookies: cookies, reg: deps.Registry,
+		origin: pub.Scheme + "://" + pub.Host, ln: deps.Listener,
+	}
+	a.sessions = auth.NewSessions(deps.Pool, cfg.SessionLifetime, cfg.SessionIdle, deps.Now)
+	a.rp, err = auth.NewRP(ctx, auth.RPConfig{
+		Issuer: cfg.OIDCIssuer, ClientID: cfg.OIDCClientID, ClientSecret: cfg.OIDCClientSecret,
+		RedirectURL: a.origin + "/auth/callback", PostLogout: a.origin + "/signed-out",
+		RolesClaim: cfg.RolesClaim, RoleMap: cfg.RoleMap, HTTPClient: deps.OIDCHTTPClient, Now: deps.Now,
+	}, deps.Pool, a.sessions)
+	if err != nil {
+		return nil, err
+	}
+	if a.metrics, err = newMetrics(a.reg); err != nil {
+		return nil, err
+	}
+	if err := a.reg.Register(collectors.NewGoCollector()); err != nil {
+		// A registry shared with other parts of the process may have it already.
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return nil, err
+		}
+	}
+	q := deps.SnapshotQuerier
+	if q == nil {
+		q = deps.Pool
+	}
+	a.feed = live.New(q, deps.Pool, live.Config{Interval: cfg.Tick, Render: renderLive, Logger: deps.Logger})
+	if err := a.feed.Register(a.reg); err != nil {
+		return nil, err
+	}
+	a.guard = &auth.Guard{
+		Sessions: a.sessions, Pool: deps.Pool, Cookies: cookies, Meta: requestMeta, Now: deps.Now,
+		Denied: func(reason string) { a.metrics.actions.WithLabelValues("request", "denied").Inc() },
+	}
+	a.e = a.newEcho()
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(a.crossOriginDenied))
+	a.handler = cop.Handler(a.e)
+	return a, nil
+}
+
+// Handler is the console's whole HTTP handler (cross-origin protection in
+// front of echo).
+func (a *App) Handler() http.Handler { return a.handler }
+
+// Feed is the live feed (the demo and tests read its stats).
+func (a *App) Feed() *live.Feed { return a.feed }
+
+// Run serves until ctx ends, then shuts down gracefully.
+func (a *App) Run(ctx context.Context) error {
+	ln := a.ln
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", a.cfg.Addr); err != nil {
+			return fmt.Errorf("CONSOLE_ADDR: listen: %w", err)
+		}
+	}
+	var mln net.Listener
+	if a.cfg.MetricsAddr != "" {
+		var err error
+		if mln, err = net.Listen("tcp", a.cfg.MetricsAddr); err != nil {
+			ln.Close()
+			return fmt.Errorf("METRICS_ADDR: listen: %w", err)
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a.mu.Lock()
+	a.cancel = cancel
+	a.mu.Unlock()
+	errc := make(chan error, 2)
+	serve := func(l net.Listener, h http.Handler) {
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+			BaseContext: func(net.Listener) context.Context { return ctx }}
+		a.mu.Lock()
+		a.servers = append(a.servers, srv)
+		a.mu.Unlock()
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+	}
+	serve(ln, a.handler)
+	if mln != nil {
+		serve(mln, a.metricsHandler())
+	}
+	a.wg.Add(2)
+	go func() { defer a.wg.Done(); _ = a.feed.Run(ctx) }()
+	go func() { defer a.wg.Done(); a.purgeLoop(ctx) }()
+	a.log.Info("console listening", "addr", ln.Addr().String(), "public_url", a.cfg.PublicURL)
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	err = errors.Join(err, a.Close())
+	a.wg.Wait() // the feed, the purge loop and the servers have stopped
+	return err
+}
+
+// Close stops Run: the servers shut down gracefully and the feed closes
+// every websocket (code 1012: the browsers reconnect to the next process).
+func (a *App) Close() error {
+	a.mu.Lock()
+	servers := a.servers
+	a.servers = nil
+	if a.cancel != nil {
+		a.cancel()
+	}
+	a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var errs []error
+	for _, s := range servers {
+		if err := s.Shutdown(ctx); err != nil {
+			errs = append(errs, s.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (a *App) purgeLoop(ctx context.Context) {
+	t := time.NewTicker(5 * time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := a.sessions.Purge(ctx); err != nil && ctx.Err() == nil {
+				a.log.Warn("session purge failed", "err", err)
+			}
+		}
+	}
+}
+
+func (a *App) metricsHandler() http.Handler {
+	return promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{})
+}
+
+func (a *App) newEcho() *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	// Behind no proxy by default: the peer address is the client. (A proxy
+	// deployment would configure its trusted ranges here.)
+	e.IPExtractor = echo.ExtractIPDirect()
+	e.HTTPErrorHandler = a.handleError
+	e.Use(middleware.Recover())
+	e.Use(requestID)
+	e.Use(a.securityHeaders)
+	e.Use(a.metrics.middleware)
+	e.Use(middleware.BodyLimit(a.cfg.BodyLimit))
+	for _, r := range a.routes() {
+		e.Add(r.method, r.path, r.handler, a.guard.Require(r.access))
+	}
+	return e
+}
+
+func requestMeta(c echo.Context) auth.RequestMeta {
+	ua := c.Request().UserAgent()
+	if len(ua) > 512 {
+		ua = ua[:512]
+	}
+	return auth.RequestMeta{IP: c.RealIP(), UserAgent: ua, RequestID: requestIDOf(c)}
+}

@@ -1,0 +1,57 @@
+package web
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/views"
+)
+
+// page builds the layout data for the signed-in user: the navigation shows
+// only what the roles may see (the server checks again on every route).
+func (a *App) page(c echo.Context, title, active string) views.Page {
+	sess := auth.SessionFrom(c)
+	p := views.Page{Title: title, Active: active}
+	if sess == nil {
+		return p
+	}
+	p.User, p.Role, p.CSRFToken = sess.Name, strings.Join(sess.RoleNames(), ", "), sess.CSRFToken()
+	if p.User == "" {
+		p.User = sess.Subject
+	}
+	if sess.Can(auth.PermView) {
+		p.Nav = append(p.Nav,
+			views.NavItem{Href: "/", Label: "Dashboard", Key: "d", TestID: "nav-dashboard"},
+			views.NavItem{Href: "/outbox", Label: "Outbox", Key: "o", TestID: "nav-outbox"},
+			views.NavItem{Href: "/payments", Label: "Payments", Key: "p", TestID: "nav-payments"},
+			views.NavItem{Href: "/inbox", Label: "Inbox", Key: "i", TestID: "nav-inbox"})
+	}
+	if sess.Can(auth.PermAudit) {
+		p.Nav = append(p.Nav, views.NavItem{Href: "/audit", Label: "Audit", Key: "a", TestID: "nav-audit"})
+	}
+	return p
+}
+
+func (a *App) dashboard(c echo.Context) error {
+	s, ok := a.feed.Latest()
+	d := dashboardData(s, ok, a.feed.History())
+	return render(c, http.StatusOK, views.Dashboard(a.page(c, "Dashboard", "/"), d))
+}
+
+func dashboardData(s live.Snapshot, ok bool, hist []live.Snapshot) views.DashboardData {
+	backlog := make([]float64, len(hist))
+	rate := make([]float64, len(hist))
+	age := make([]float64, len(hist))
+	for i, h := range hist {
+		backlog[i], rate[i], age[i] = float64(h.Pending), h.PublishedPerSec, h.ReconcileAge.Seconds()
+	}
+	return views.DashboardData{Snap: s, Ready: ok, Sparks: []views.Spark{
+		views.NewSpark("Backlog", "spark-backlog", "backlog", backlog, func(v float64) string { return views.Count(int64(v)) }),
+		views.NewSpark("Published/s", "spark-rate", "rate", rate, views.Rate),
+		views.NewSpark("Reconcile age", "spark-reconcile", "age", age, func(v float64) string { return views.Age(secondsDur(v)) }),
+	}}
+}

@@ -1,0 +1,124 @@
+package web
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/a-h/templ"
+	"github.com/labstack/echo/v4"
+
+	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/views"
+)
+
+// The error taxonomy of STYLE.md. Handlers wrap domain errors in these (or
+// return an *echo.HTTPError); handleError turns them into a status.
+var (
+	ErrNotFound   = errors.New("not found")        // 404
+	ErrConflict   = errors.New("conflict")         // 409
+	ErrForbidden  = errors.New("forbidden")        // 403
+	ErrBadRequest = errors.New("bad request")      // 400
+	ErrInvalid    = errors.New("validation error") // 422
+)
+
+func statusOf(err error) int {
+	var he *echo.HTTPError
+	switch {
+	case errors.As(err, &he):
+		return he.Code
+	case errors.Is(err, ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, ErrConflict):
+		return http.StatusConflict
+	case errors.Is(err, ErrForbidden), errors.Is(err, auth.ErrNoRole):
+		return http.StatusForbidden
+	case errors.Is(err, ErrBadRequest), errors.Is(err, auth.ErrBadState):
+		return http.StatusBadRequest
+	case errors.Is(err, auth.ErrLoginFailed), errors.Is(err, auth.ErrReauthRequired):
+		return http.StatusUnauthorized
+	case errors.Is(err, ErrInvalid):
+		return http.StatusUnprocessableEntity
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+var messages = map[int]string{
+	http.StatusBadRequest:            "The request was not valid. If you were signing in, start again from the console.",
+	http.StatusUnauthorized:          "You are not signed in, or the sign-in could not be verified.",
+	http.StatusForbidden:             "You do not have permission to do this.",
+	http.StatusNotFound:              "There is nothing here.",
+	http.StatusMethodNotAllowed:      "This address does not accept that method.",
+	http.StatusConflict:              "Someone else changed this first. Reload and try again.",
+	http.StatusRequestEntityTooLarge: "The request is too large.",
+	http.StatusUnprocessableEntity:   "Some fields are not valid.",
+	http.StatusServiceUnavailable:    "The console is busy or its database is not reachable. Try again shortly.",
+	http.StatusInternalServerError:   "Something went wrong on our side.",
+}
+
+// handleError is the one error path: a status from the taxonomy, a generic
+// page with the request id, and the details in the log only.
+func (a *App) handleError(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	status := statusOf(err)
+	rid := requestIDOf(c)
+	level := a.log.Info
+	if status >= 500 {
+		level = a.log.Error
+	}
+	level("request failed", "request_id", rid, "route", c.Path(), "method", c.Request().Method, "status", status, "err", err)
+	msg, ok := messages[status]
+	if !ok {
+		msg = http.StatusText(status)
+	}
+	if errors.Is(err, auth.ErrReauthRequired) {
+		msg = "This action needs a recent sign-in. Sign in again, then repeat it."
+		// htmx follows this header with a full navigation.
+		c.Response().Header().Set("HX-Redirect", "/login?reauth=1")
+	}
+	if !strings.Contains(c.Request().Header.Get("Accept"), "text/html") || c.Request().Header.Get("HX-Request") != "" {
+		_ = c.String(status, http.StatusText(status)+" (request id "+rid+")\n")
+		return
+	}
+	var buf bytes.Buffer
+	if rerr := views.ErrorPage(status, http.StatusText(status), msg, rid).Render(c.Request().Context(), &buf); rerr != nil {
+		_ = c.String(http.StatusInternalServerError, "Internal Server Error (request id "+rid+")\n")
+		return
+	}
+	_ = c.HTMLBlob(status, buf.Bytes())
+}
+
+// crossOriginDenied answers a request refused by http.CrossOriginProtection
+// (outside echo): 403, audited.
+func (a *App) crossOriginDenied(w http.ResponseWriter, r *http.Request) {
+	c := a.e.NewContext(r, w)
+	_ = requestID(func(echo.Context) error { return nil })(c)
+	path := r.URL.Path
+	if len(path) > 200 {
+		path = path[:200]
+	}
+	if err := auth.RecordDenied(r.Context(), a.pool, nil, requestMeta(c), r.Method+" "+path, "cross_origin"); err != nil {
+		a.log.Error("audit of a cross-origin refusal failed", "err", err)
+	}
+	a.metrics.actions.WithLabelValues("request", "denied").Inc()
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusForbidden)
+	_, _ = w.Write([]byte("Forbidden: cross-origin request (request id " + requestIDOf(c) + ")\n"))
+}
+
+// render writes a templ component through a buffer, so a rendering error
+// becomes a clean 500 instead of half a page.
+func render(c echo.Context, status int, comp templ.Component) error {
+	var buf bytes.Buffer
+	if err := comp.Render(c.Request().Context(), &buf); err != nil {
+		return err
+	}
+	return c.HTMLBlob(status, buf.Bytes())
+}

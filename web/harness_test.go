@@ -1,0 +1,221 @@
+package web_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/demo/devoidc"
+	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/web"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// countingQuerier counts the snapshot statements the feed runs.
+type countingQuerier struct {
+	q live.Querier
+	n atomic.Int64
+}
+
+func (c *countingQuerier) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	c.n.Add(1)
+	return c.q.QueryRow(ctx, sql, args...)
+}
+
+type harness struct {
+	t       *testing.T
+	pool    *pgxpool.Pool
+	idp     *devoidc.Server
+	app     *web.App
+	base    string
+	counter *countingQuerier
+}
+
+type options struct {
+	tick    time.Duration
+	recheck time.Duration
+}
+
+// start runs the development provider and the real console on port 0.
+func start(t *testing.T, o options) *harness {
+	t.Helper()
+	pool := dbtest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + ln.Addr().String()
+	idp, err := devoidc.Start(ctx, devoidc.Config{
+		Addr: "127.0.0.1:0", ClientID: "console", ClientSecret: "console-secret",
+		RedirectURIs: []string{base + "/auth/callback"}, PostLogoutURIs: []string{base + "/signed-out"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rm, err := auth.ParseRoleMap(devoidc.DemoRoleMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.tick == 0 {
+		o.tick = 200 * time.Millisecond
+	}
+	counter := &countingQuerier{q: pool}
+	app, err := web.New(ctx, web.Config{
+		PublicURL: base, OIDCIssuer: idp.Issuer(), OIDCClientID: "console", OIDCClientSecret: "console-secret",
+		RolesClaim: "groups", RoleMap: rm, Tick: o.tick, SessionRecheck: o.recheck,
+	}, web.Deps{Pool: pool, Listener: ln, SnapshotQuerier: counter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- app.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("app.Run: %v", err)
+		}
+		_ = idp.Close()
+	})
+	return &harness{t: t, pool: pool, idp: idp, app: app, base: base, counter: counter}
+}
+
+// recorder keeps every Set-Cookie the client received.
+type recorder struct {
+	mu      sync.Mutex
+	cookies []*http.Cookie
+}
+
+func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err == nil {
+		r.mu.Lock()
+		r.cookies = append(r.cookies, resp.Cookies()...)
+		r.mu.Unlock()
+	}
+	return resp, err
+}
+
+func (r *recorder) set(name string) []*http.Cookie {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*http.Cookie
+	for _, c := range r.cookies {
+		if c.Name == name {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+type browser struct {
+	*http.Client
+	rec *recorder
+}
+
+func newBrowser(t *testing.T) *browser {
+	jar, _ := cookiejar.New(nil)
+	rec := &recorder{}
+	return &browser{Client: &http.Client{Jar: jar, Transport: rec, Timeout: 20 * time.Second}, rec: rec}
+}
+
+var formID = regexp.MustCompile(`name="id" value="([^"]+)"`)
+
+// login signs in through the real provider's form and returns the final
+// response (body read) and its URL.
+func (h *harness) login(t *testing.T, b *browser, user, password, next string) (*http.Response, string) {
+	t.Helper()
+	u := h.base + "/login"
+	if next != "" {
+		u += "?next=" + url.QueryEscape(next)
+	}
+	resp, body := b.get(t, u, "text/html")
+	m := formID.FindStringSubmatch(body)
+	if resp.StatusCode != 200 || m == nil {
+		t.Fatalf("no provider login form: %d %s", resp.StatusCode, body)
+	}
+	form := url.Values{"id": {m[1]}, "username": {user}, "password": {password}}
+	req, _ := http.NewRequest(http.MethodPost, h.idp.Issuer()+"/login", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Accept", "text/html")
+	resp, err := b.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(data)
+}
+
+func (b *browser) get(t *testing.T, u, accept string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, u, nil)
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := b.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(data)
+}
+
+func (b *browser) noRedirects() *http.Client {
+	c := *b.Client
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &c
+}
+
+func (b *browser) sessionCookie(base string) string {
+	u, _ := url.Parse(base)
+	for _, c := range b.Jar.Cookies(u) {
+		if c.Name == "sluice_session" {
+			return c.Value
+		}
+	}
+	return ""
+}
+
+func (h *harness) countAudit(t *testing.T, where string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM audit_event WHERE `+where, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// eventually polls cond with a generous deadline (no timing assertions).
+func eventually(t *testing.T, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		lastErr = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s (last error: %v)", what, errors.Join(lastErr, fmt.Errorf("deadline 30s")))
+}

@@ -1,0 +1,41 @@
+package web
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/static"
+)
+
+func (a *App) healthz(c echo.Context) error { return c.String(http.StatusOK, "ok\n") }
+
+// readyz: the database answers and its schema is the one this binary ships.
+func (a *App) readyz(c echo.Context) error {
+	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
+	defer cancel()
+	if err := a.pool.Ping(ctx); err != nil {
+		a.log.Warn("readyz: database unreachable", "err", err)
+		return c.String(http.StatusServiceUnavailable, "database unreachable\n")
+	}
+	if err := db.CheckSchema(ctx, a.pool); err != nil {
+		a.log.Warn("readyz: schema", "err", err)
+		return c.String(http.StatusServiceUnavailable, "schema out of date\n")
+	}
+	return c.String(http.StatusOK, "ready\n")
+}
+
+func staticFiles() echo.HandlerFunc {
+	fs := http.StripPrefix("/static/", http.FileServerFS(static.FS))
+	return func(c echo.Context) error {
+		if p := c.Request().URL.Path; p == "/static/" || p[len(p)-1] == '/' {
+			return echo.NewHTTPError(http.StatusNotFound) // no directory listings
+		}
+		c.Response().Header().Set("Cache-Control", "public, max-age=300")
+		fs.ServeHTTP(c.Response(), c.Request())
+		return nil
+	}
+}

@@ -1,0 +1,42 @@
+package web
+
+import (
+	"bytes"
+	"context"
+	"time"
+
+	"github.com/a-h/templ"
+
+	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/views"
+)
+
+func secondsDur(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
+
+// renderLive renders the dashboard's fragments for a websocket push with
+// the same components as the page, as out-of-band swaps. The feed calls it
+// once per tick, whatever the number of browsers; the fragments carry no
+// PII (ids, counts, amounts and ages only).
+func renderLive(s live.Snapshot, hist []live.Snapshot) ([]live.Fragment, error) {
+	d := dashboardData(s, true, hist)
+	parts := []struct {
+		id   string
+		comp templ.Component
+	}{
+		{"updated", views.Updated(d, true)},
+		{"tiles", views.Tiles(d, true)},
+		{"sparks", views.Sparklines(d, true)},
+		{"topics", views.Topics(d, true)},
+		{"recent-dead", views.RecentDead(d, true)},
+		{"recent-unknown", views.RecentUnknown(d, true)},
+	}
+	out := make([]live.Fragment, 0, len(parts))
+	for _, p := range parts {
+		var buf bytes.Buffer
+		if err := p.comp.Render(context.Background(), &buf); err != nil {
+			return nil, err
+		}
+		out = append(out, live.Fragment{ID: p.id, HTML: buf.Bytes()})
+	}
+	return out, nil
+}

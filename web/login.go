@@ -1,0 +1,71 @@
+package web
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/views"
+)
+
+const loginTTL = 10 * time.Minute
+
+// login starts the code flow: one-time state, nonce and PKCE verifier kept
+// server-side, bound to this browser by a short-lived cookie.
+func (a *App) login(c echo.Context) error {
+	authURL, binding, err := a.rp.Begin(c.Request().Context(), c.QueryParam("next"), c.QueryParam("reauth") == "1")
+	if err != nil {
+		return err
+	}
+	c.SetCookie(a.cookies.LoginCookie(binding, loginTTL))
+	return c.Redirect(http.StatusFound, authURL)
+}
+
+// callback finishes the flow. On any failure no session cookie is set.
+func (a *App) callback(c echo.Context) error {
+	cb := auth.Callback{
+		State: c.QueryParam("state"), Code: c.QueryParam("code"), Error: c.QueryParam("error"),
+		Meta: requestMeta(c),
+	}
+	if ck, err := c.Cookie(a.cookies.Login); err == nil {
+		cb.Binding = ck.Value
+	}
+	if ck, err := c.Cookie(a.cookies.Session); err == nil {
+		cb.OldSession = ck.Value
+	}
+	c.SetCookie(a.cookies.LoginCookie("", 0)) // one attempt per binding, whatever happens
+	l, err := a.rp.Finish(c.Request().Context(), cb)
+	switch {
+	case err == nil:
+		a.metrics.actions.WithLabelValues("auth.login", audit.OutcomeOK).Inc()
+	case statusOf(err) == http.StatusForbidden:
+		a.metrics.actions.WithLabelValues("auth.login", audit.OutcomeDenied).Inc()
+		return err
+	default:
+		a.metrics.actions.WithLabelValues("auth.login", audit.OutcomeError).Inc()
+		return err
+	}
+	c.SetCookie(a.cookies.SessionCookie(l.Token))
+	return c.Redirect(http.StatusSeeOther, l.Next)
+}
+
+// logout ends the session, closes its websockets and sends the browser to
+// the provider's end_session_endpoint (when it has one).
+func (a *App) logout(c echo.Context) error {
+	sess := auth.SessionFrom(c)
+	to, err := a.rp.Logout(c.Request().Context(), sess, requestMeta(c))
+	if err != nil {
+		return err
+	}
+	a.feed.CloseSession(sess.HashHex())
+	a.metrics.actions.WithLabelValues("auth.logout", audit.OutcomeOK).Inc()
+	c.SetCookie(a.cookies.SessionCookie(""))
+	return c.Redirect(http.StatusSeeOther, to)
+}
+
+func (a *App) signedOut(c echo.Context) error {
+	return render(c, http.StatusOK, views.SignedOut())
+}

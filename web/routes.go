@@ -1,0 +1,43 @@
+package web
+
+import (
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sluice-dev/sluice/internal/auth"
+)
+
+// route is one line of the route table: every route states who may call it.
+// The guard enforces it; there are no exemptions by path.
+type route struct {
+	method  string
+	path    string
+	access  auth.Access
+	handler echo.HandlerFunc
+}
+
+var (
+	public  = auth.Access{Public: true}
+	session = auth.Access{} // any signed-in user
+	page    = func(p auth.Permission) auth.Access { return auth.Access{Perm: p, Page: true} }
+	api     = func(p auth.Permission) auth.Access { return auth.Access{Perm: p} }
+)
+
+func (a *App) routes() []route {
+	rs := []route{
+		{http.MethodGet, "/healthz", public, a.healthz},
+		{http.MethodGet, "/readyz", public, a.readyz},
+		{http.MethodGet, "/static/*", public, staticFiles()},
+		{http.MethodGet, "/login", public, a.login},
+		{http.MethodGet, "/auth/callback", public, a.callback},
+		{http.MethodGet, "/signed-out", public, a.signedOut},
+		{http.MethodPost, "/logout", session, a.logout},
+		{http.MethodGet, "/", page(auth.PermView), a.dashboard},
+		{http.MethodGet, "/ws", api(auth.PermView), a.ws},
+	}
+	if a.cfg.MetricsAddr == "" {
+		rs = append(rs, route{http.MethodGet, "/metrics", public, echo.WrapHandler(a.metricsHandler())})
+	}
+	return rs
+}

@@ -1,0 +1,103 @@
+package web
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/labstack/echo/v4"
+
+	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/live"
+)
+
+const (
+	wsReadLimit    = 4 << 10 // the dashboard sends nothing; control frames only
+	wsWriteTimeout = 10 * time.Second
+	wsPingEvery    = 30 * time.Second
+)
+
+// Close codes: htmx-ext-ws reconnects (with backoff) on 1006/1011/1012/1013
+// only, so a slow or restarted client comes back, a logged-out one does not.
+const (
+	closeSessionEnded = websocket.ClosePolicyViolation // 1008: no reconnect
+	closeTryLater     = websocket.CloseTryAgainLater   // 1013: dropped as slow
+	closeRestart      = websocket.CloseServiceRestart  // 1012: shutting down
+)
+
+// ws streams the dashboard's live fragments. The route's guard has already
+// authenticated and authorized the request; the Origin must be exactly the
+// console's own. Both happen before the upgrade.
+func (a *App) ws(c echo.Context) error {
+	sess := auth.SessionFrom(c)
+	req := c.Request()
+	if req.Header.Get("Origin") != a.origin {
+		if err := auth.RecordDenied(req.Context(), a.pool, sess, requestMeta(c), "GET /ws", "origin"); err != nil {
+			return err
+		}
+		a.metrics.actions.WithLabelValues("request", "denied").Inc()
+		return echo.NewHTTPError(http.StatusForbidden)
+	}
+	up := websocket.Upgrader{
+		HandshakeTimeout: 10 * time.Second,
+		CheckOrigin:      func(r *http.Request) bool { return r.Header.Get("Origin") == a.origin },
+	}
+	conn, err := up.Upgrade(c.Response(), req, nil)
+	if err != nil {
+		return nil // the upgrader has answered the client
+	}
+	defer conn.Close()
+	conn.SetReadLimit(wsReadLimit)
+	client := a.feed.Subscribe(sess.HashHex())
+	defer a.feed.Unsubscribe(client)
+
+	ctx, cancel := context.WithCancel(req.Context())
+	defer cancel()
+	go func() { // reads only to see control frames and the close
+		defer cancel()
+		for {
+			if _, _, err := conn.ReadMessage(); err != nil {
+				return
+			}
+		}
+	}()
+	closeWith := func(code int, text string) {
+		_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, text), time.Now().Add(time.Second))
+	}
+	recheck := time.NewTicker(a.cfg.SessionRecheck)
+	defer recheck.Stop()
+	ping := time.NewTicker(wsPingEvery)
+	defer ping.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case msg := <-client.Messages():
+			_ = conn.SetWriteDeadline(time.Now().Add(wsWriteTimeout))
+			if err := conn.WriteMessage(websocket.TextMessage, msg); err != nil {
+				return nil
+			}
+		case <-client.Done():
+			switch client.Reason() {
+			case live.ClosedSlow:
+				closeWith(closeTryLater, "too slow")
+			case live.ClosedSession:
+				closeWith(closeSessionEnded, "session ended")
+			case live.ClosedShutdown:
+				closeWith(closeRestart, "restarting")
+			}
+			return nil
+		case <-recheck.C:
+			ok, err := a.sessions.Alive(ctx, sess.IDHash)
+			if err == nil && !ok {
+				closeWith(closeSessionEnded, "session ended")
+				return nil
+			}
+		case <-ping.C:
+			if err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(wsWriteTimeout)); err != nil {
+				return nil
+			}
+		}
+	}
+}
