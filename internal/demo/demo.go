@@ -16,8 +16,10 @@ import (
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/demo/devoidc"
 	"github.com/sluice-dev/sluice/internal/inbox"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/web"
 )
 
 // consumerName is the demo consumer's durable subscription and inbox name.
@@ -41,6 +43,10 @@ type Demo struct {
 	orders   *orderWorkload
 	relays   []*outbox.Relay
 	consumer *inbox.Consumer
+
+	idp        *devoidc.Server
+	console    *web.App
+	ConsoleURL string
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -124,6 +130,16 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	}
 	d.goRun("consumer", func() error { return d.consumer.Run(runCtx, redeliveringSubscriber{Subscriber: sub, share: 0.02}) })
 	step("%d relays, the consumer %q and an order workload of %d transactions/s are running", len(d.relays), consumerName, cfg.EventRate)
+
+	if d.ConsoleURL, err = d.startConsole(runCtx); err != nil {
+		return nil, err
+	}
+	d.goRun("console", func() error { return d.console.Run(runCtx) })
+	fmt.Fprintf(out, "\nSluice console: %s\n\nSign in as (password = user name):\n", d.ConsoleURL)
+	for _, u := range devoidc.DemoUsers {
+		fmt.Fprintf(out, "  %-8s %s\n", u.Username, roleOf(u.Group))
+	}
+	fmt.Fprintln(out, "\nCtrl-C stops everything and removes what the demo created.")
 	return d, nil
 }
 
@@ -185,8 +201,14 @@ func (d *Demo) Close() error {
 	if d.cancel != nil {
 		d.cancel()
 	}
-	d.wg.Wait()
 	var errs []error
+	if d.console != nil {
+		errs = append(errs, d.console.Close())
+	}
+	d.wg.Wait()
+	if d.idp != nil {
+		errs = append(errs, d.idp.Close())
+	}
 	for _, b := range d.brokers {
 		errs = append(errs, b.Close())
 	}
@@ -203,4 +225,19 @@ func (d *Demo) Close() error {
 		errs = append(errs, d.db.close())
 	}
 	return errors.Join(errs...)
+}
+
+// roleOf describes what a demo group may do, for the start-up banner.
+func roleOf(group string) string {
+	switch group {
+	case "support":
+		return "viewer: sees everything, masked"
+	case "oncall":
+		return "operator: retries, dead-letters, inquires and resolves"
+	case "audit":
+		return "auditor: reads, exports and verifies the audit trail"
+	case "sre":
+		return "admin: everything"
+	}
+	return ""
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -23,8 +24,12 @@ type syncBuffer struct {
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuffer) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // The demo is what a newcomer runs first: it must come alive (events written,
 // published, consumed once), print its status, and leave nothing behind.
@@ -62,7 +67,22 @@ func TestDemoComesAliveAndCleansUp(t *testing.T) {
 	for !strings.Contains(out.String(), "published") && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
+	// The console is up and its door is shut to anonymous visitors.
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	health, herr := client.Get(d.ConsoleURL + "/healthz")
+	req, _ := http.NewRequest(http.MethodGet, d.ConsoleURL+"/", nil)
+	req.Header.Set("Accept", "text/html")
+	home, perr := client.Do(req)
 	stop()
+	if herr != nil || health.StatusCode != http.StatusOK {
+		t.Errorf("console /healthz: %v %v", herr, health)
+	}
+	if perr != nil || home.StatusCode != http.StatusSeeOther && home.StatusCode != http.StatusFound || !strings.HasPrefix(home.Header.Get("Location"), "/login") {
+		t.Errorf("anonymous GET / should redirect to /login: %v %+v", perr, home)
+	}
+	if !strings.Contains(out.String(), "support") || !strings.Contains(out.String(), d.ConsoleURL) {
+		t.Errorf("the banner should name the console URL and the demo users:\n%s", out.String())
+	}
 	if err := <-runErr; err != nil {
 		t.Errorf("Run: %v", err)
 	}

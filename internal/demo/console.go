@@ -1,0 +1,62 @@
+package demo
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/demo/devoidc"
+	"github.com/sluice-dev/sluice/web"
+)
+
+// startConsole starts the development OpenID Provider (loopback only) and
+// the console signed in through it, with the demo users' groups mapped to
+// the four roles. It returns the console's URL.
+func (d *Demo) startConsole(ctx context.Context) (string, error) {
+	ln, err := net.Listen("tcp", d.cfg.ConsoleAddr)
+	if err != nil {
+		return "", fmt.Errorf("CONSOLE_ADDR %s: %w (is another console running? set --console-addr)", d.cfg.ConsoleAddr, err)
+	}
+	base := strings.TrimSuffix(d.cfg.PublicURL, "/")
+	if base == "http://"+d.cfg.ConsoleAddr {
+		base = "http://" + ln.Addr().String() // port 0 picked a port
+	}
+	secret := make([]byte, 16)
+	_, _ = rand.Read(secret)
+	clientID, clientSecret := "sluice-console", hex.EncodeToString(secret)
+	idp, err := devoidc.Start(ctx, devoidc.Config{
+		Addr:           "127.0.0.1:0",
+		ClientID:       clientID,
+		ClientSecret:   clientSecret,
+		RedirectURIs:   []string{base + "/auth/callback"},
+		PostLogoutURIs: []string{base + "/signed-out"},
+	})
+	if err != nil {
+		ln.Close()
+		return "", err
+	}
+	d.idp = idp
+	roles, err := auth.ParseRoleMap(devoidc.DemoRoleMap)
+	if err != nil {
+		ln.Close()
+		return "", err
+	}
+	app, err := web.New(ctx, web.Config{
+		PublicURL:        base,
+		OIDCIssuer:       idp.Issuer(),
+		OIDCClientID:     clientID,
+		OIDCClientSecret: clientSecret,
+		RolesClaim:       "groups",
+		RoleMap:          roles,
+	}, web.Deps{Pool: d.pool, Logger: d.log, Registry: d.reg, Listener: ln})
+	if err != nil {
+		ln.Close()
+		return "", err
+	}
+	d.console = app
+	return base, nil
+}
