@@ -1,0 +1,154 @@
+package config
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// PaymentsAPI configures `console payments-api`: the reference payments
+// service and its recovery, reconcile and expiry workers.
+type PaymentsAPI struct {
+	Common
+	Addr              string
+	ProviderURL       string
+	ProviderTimeout   time.Duration
+	PIIKeys           string
+	PIIBlindIndexKey  string
+	Topic             string
+	Lease             time.Duration
+	RetryWindow       time.Duration
+	RecoveryInterval  time.Duration
+	ReconcileInterval time.Duration
+	InquiryBackoff    time.Duration
+	InquiryBackoffMax time.Duration
+	ExpiryInterval    time.Duration
+}
+
+// Register adds the flags (each with its environment twin).
+func (c *PaymentsAPI) Register(f *Flags) {
+	RegisterCommon(f, &c.Common)
+	f.String(&c.Addr, "addr", "PAYMENTS_API_ADDR", "127.0.0.1:8081", "listen address of the payments API (also serves /metrics)")
+	f.String(&c.ProviderURL, "provider-url", "PROVIDER_URL", "http://127.0.0.1:8082", "base URL of the payment provider (e.g. `console provider-sim`)")
+	f.Duration(&c.ProviderTimeout, "provider-timeout", "PROVIDER_TIMEOUT", 5*time.Second, "give up on one provider call after this long (the outcome becomes unknown)")
+	f.String(&c.PIIKeys, "pii-keys", "PII_KEYS", "", "keyring id:base64key,...; the first encrypts, all decrypt")
+	f.String(&c.PIIBlindIndexKey, "pii-blind-index-key", "PII_BLIND_INDEX_KEY", "", "base64 HMAC key (≥ 32 bytes) for blind indexes")
+	f.String(&c.Topic, "topic", "PAYMENTS_TOPIC", "sluice.payments", "outbox topic of payment.* events")
+	f.Duration(&c.Lease, "lease", "PAYMENTS_LEASE", 30*time.Second, "processing lease of a key; recovery takes over after it (must exceed PROVIDER_TIMEOUT)")
+	f.Duration(&c.RetryWindow, "retry-window", "PAYMENTS_RETRY_WINDOW", 72*time.Hour, "how long an Idempotency-Key is remembered")
+	f.Duration(&c.RecoveryInterval, "recovery-interval", "PAYMENTS_RECOVERY_INTERVAL", 5*time.Second, "how often expired leases are looked for")
+	f.Duration(&c.ReconcileInterval, "reconcile-interval", "PAYMENTS_RECONCILE_INTERVAL", 5*time.Second, "how often unknown payments due for an inquiry are inquired")
+	f.Duration(&c.InquiryBackoff, "inquiry-backoff", "PAYMENTS_INQUIRY_BACKOFF", 5*time.Second, "first wait between inquiries of one unknown payment (doubles each time)")
+	f.Duration(&c.InquiryBackoffMax, "inquiry-backoff-max", "PAYMENTS_INQUIRY_BACKOFF_MAX", 10*time.Minute, "longest wait between inquiries")
+	f.Duration(&c.ExpiryInterval, "expiry-interval", "PAYMENTS_EXPIRY_INTERVAL", time.Minute, "how often expired keys are pruned")
+}
+
+// Validate checks the settings; messages name the variable.
+func (c *PaymentsAPI) Validate() error {
+	var ck Check
+	c.Common.Validate(&ck)
+	ck.Required("PAYMENTS_API_ADDR", c.Addr)
+	ck.Addr("PAYMENTS_API_ADDR", c.Addr)
+	ck.Required("PROVIDER_URL", c.ProviderURL)
+	ck.URL("PROVIDER_URL", c.ProviderURL, "http", "https")
+	ck.Required("PII_KEYS", c.PIIKeys)
+	ck.Required("PII_BLIND_INDEX_KEY", c.PIIBlindIndexKey)
+	ck.Required("PAYMENTS_TOPIC", c.Topic)
+	for env, d := range map[string]time.Duration{
+		"PROVIDER_TIMEOUT": c.ProviderTimeout, "PAYMENTS_LEASE": c.Lease, "PAYMENTS_RETRY_WINDOW": c.RetryWindow,
+		"PAYMENTS_RECOVERY_INTERVAL": c.RecoveryInterval, "PAYMENTS_RECONCILE_INTERVAL": c.ReconcileInterval,
+		"PAYMENTS_INQUIRY_BACKOFF": c.InquiryBackoff, "PAYMENTS_INQUIRY_BACKOFF_MAX": c.InquiryBackoffMax,
+		"PAYMENTS_EXPIRY_INTERVAL": c.ExpiryInterval,
+	} {
+		ck.PositiveDuration(env, d)
+	}
+	if c.Lease > 0 && c.ProviderTimeout > 0 && c.Lease <= c.ProviderTimeout {
+		ck.Failf("PAYMENTS_LEASE (%s) must be longer than PROVIDER_TIMEOUT (%s), or recovery would take over calls still in flight", c.Lease, c.ProviderTimeout)
+	}
+	return ck.Err()
+}
+
+// ProviderSim configures `console provider-sim`. Rates are probabilities in
+// [0,1], given as text (e.g. 0.05) and read by Validate.
+type ProviderSim struct {
+	Addr     string
+	LogLevel string
+
+	DeclineRateText, SlowRateText, TimeoutAfterChargeRateText, DownRateText string
+	InquiryUnknownRateText, InquiryStuckRateText                            string
+
+	DeclineRate, SlowRate, TimeoutAfterChargeRate, DownRate float64
+	InquiryUnknownRate, InquiryStuckRate                    float64
+
+	SlowDelay time.Duration
+	HangFor   time.Duration
+}
+
+// Register adds the flags.
+func (c *ProviderSim) Register(f *Flags) {
+	f.String(&c.Addr, "addr", "PROVIDER_SIM_ADDR", "127.0.0.1:8082", "listen address of the simulated provider")
+	f.String(&c.LogLevel, "log-level", "LOG_LEVEL", "info", "debug, info, warn or error")
+	f.String(&c.DeclineRateText, "decline-rate", "PROVIDER_SIM_DECLINE_RATE", "0", "share of new charges declined")
+	f.String(&c.SlowRateText, "slow-rate", "PROVIDER_SIM_SLOW_RATE", "0", "share of new charges answered after --slow-delay")
+	f.String(&c.TimeoutAfterChargeRateText, "timeout-after-charge-rate", "PROVIDER_SIM_TIMEOUT_AFTER_CHARGE_RATE", "0", "share of new charges that move money and then never answer")
+	f.String(&c.DownRateText, "down-rate", "PROVIDER_SIM_DOWN_RATE", "0", "share of requests answered 503 without processing")
+	f.String(&c.InquiryUnknownRateText, "inquiry-unknown-rate", "PROVIDER_SIM_INQUIRY_UNKNOWN_RATE", "0", "share of inquiries answered \"unknown\"")
+	f.String(&c.InquiryStuckRateText, "inquiry-stuck-rate", "PROVIDER_SIM_INQUIRY_STUCK_RATE", "0", "share of operations whose inquiries always answer \"unknown\" (left to an operator)")
+	f.Duration(&c.SlowDelay, "slow-delay", "PROVIDER_SIM_SLOW_DELAY", 1500*time.Millisecond, "how long a slow charge takes")
+	f.Duration(&c.HangFor, "hang-for", "PROVIDER_SIM_HANG_FOR", 30*time.Second, "longest a timeout-after-charge holds the connection")
+}
+
+// Validate reads the rates and checks the settings.
+func (c *ProviderSim) Validate() error {
+	var ck Check
+	ck.Required("PROVIDER_SIM_ADDR", c.Addr)
+	ck.Addr("PROVIDER_SIM_ADDR", c.Addr)
+	if _, err := ParseLevel(c.LogLevel); err != nil {
+		ck.Failf("LOG_LEVEL: %v", err)
+	}
+	rate := func(env, text string, dst *float64) {
+		v, err := strconv.ParseFloat(strings.TrimSpace(text), 64)
+		if err != nil || v < 0 || v > 1 {
+			ck.Failf("%s: %q is not a probability between 0 and 1", env, text)
+			return
+		}
+		*dst = v
+	}
+	rate("PROVIDER_SIM_DECLINE_RATE", c.DeclineRateText, &c.DeclineRate)
+	rate("PROVIDER_SIM_SLOW_RATE", c.SlowRateText, &c.SlowRate)
+	rate("PROVIDER_SIM_TIMEOUT_AFTER_CHARGE_RATE", c.TimeoutAfterChargeRateText, &c.TimeoutAfterChargeRate)
+	rate("PROVIDER_SIM_DOWN_RATE", c.DownRateText, &c.DownRate)
+	rate("PROVIDER_SIM_INQUIRY_UNKNOWN_RATE", c.InquiryUnknownRateText, &c.InquiryUnknownRate)
+	rate("PROVIDER_SIM_INQUIRY_STUCK_RATE", c.InquiryStuckRateText, &c.InquiryStuckRate)
+	if sum := c.DeclineRate + c.SlowRate + c.TimeoutAfterChargeRate + c.DownRate; sum > 1 {
+		ck.Failf("PROVIDER_SIM_*_RATE: decline + slow + timeout-after-charge + down add up to %.2f, more than 1", sum)
+	}
+	ck.PositiveDuration("PROVIDER_SIM_SLOW_DELAY", c.SlowDelay)
+	ck.PositiveDuration("PROVIDER_SIM_HANG_FOR", c.HangFor)
+	return ck.Err()
+}
+
+// PaymentsReconcile configures `console payments reconcile --file F`.
+type PaymentsReconcile struct {
+	DatabaseURL string
+	File        string
+	Topic       string
+}
+
+// Register adds the flags.
+func (c *PaymentsReconcile) Register(f *Flags) {
+	f.String(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL ≥ 15 connection URL")
+	f.String(&c.File, "file", "PAYMENTS_SETTLEMENT_FILE", "", "provider settlement file: CSV operation_id,outcome[,provider_ref] (outcome succeeded|failed); - for stdin")
+	f.String(&c.Topic, "topic", "PAYMENTS_TOPIC", "sluice.payments", "outbox topic of payment.* events")
+}
+
+// Validate checks the settings.
+func (c *PaymentsReconcile) Validate() error {
+	var ck Check
+	ck.DatabaseURL("DATABASE_URL", c.DatabaseURL)
+	if strings.TrimSpace(c.File) == "" {
+		ck.Failf("PAYMENTS_SETTLEMENT_FILE (--file) is required")
+	}
+	ck.Required("PAYMENTS_TOPIC", c.Topic)
+	return ck.Err()
+}

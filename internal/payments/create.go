@@ -1,0 +1,327 @@
+package payments
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/payments/provider"
+	"github.com/sluice-dev/sluice/internal/pii"
+)
+
+// Response is an answer of the API: status, JSON body, and whether it is a
+// replay of a stored answer.
+type Response struct {
+	Status     int
+	Body       []byte
+	Replayed   bool
+	RetryAfter int // seconds; set on 409 in progress
+}
+
+// Stable error codes of the API (the "code" field of error bodies).
+const (
+	CodeMissingKey          = "missing_idempotency_key"
+	CodeInvalidKey          = "invalid_idempotency_key"
+	CodeMissingMerchant     = "missing_merchant_id"
+	CodeInProgress          = "request_in_progress"
+	CodeKeyReused           = "idempotency_key_reused"
+	CodeDuplicateInvoice    = "duplicate_invoice"
+	CodeInsufficientFunds   = "insufficient_funds"
+	CodeUnknownAccount      = "unknown_account"
+	CodeCurrencyMismatch    = "currency_mismatch"
+	CodeDeclined            = "payment_declined"
+	CodeProviderUnavailable = "provider_unavailable"
+	CodePaymentFailed       = "payment_failed"
+	CodeBodyTooLarge        = "body_too_large"
+	CodeNotFound            = "not_found"
+	CodeInternal            = "internal_error"
+)
+
+// ErrorBody is the JSON body of every error answer.
+func ErrorBody(code, message string) []byte {
+	b, _ := json.Marshal(struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}{code, message})
+	return b
+}
+
+// rejection is a request refused before any money could move; it becomes
+// the key's stored result.
+type rejection struct {
+	status  int
+	code    string
+	message string
+	outcome string // sluice_payments_total label
+}
+
+func (r *rejection) Error() string { return r.code }
+
+// Create runs one POST /v1/payments for (merchant, key). It never returns
+// an error for a client mistake: those are answers. An error means the
+// service could not answer (the key stays processing and recovery takes it
+// over when its lease ends).
+func (s *Service) Create(ctx context.Context, merchantID, key string, req Request) (Response, error) {
+	hash := req.Hash(s.kr.MAC)
+	op, err := uuid.NewV7()
+	if err != nil {
+		return Response{}, err
+	}
+	for attempt := 0; attempt < 3; attempt++ {
+		now := s.now()
+		var lease time.Time
+		err := s.pool.QueryRow(ctx, `
+			INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, status, operation_id, locked_until, created_at, updated_at, expires_at)
+			VALUES ($1, $2, $3, 'processing', $4, $5, $6, $6, $7)
+			ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
+			RETURNING locked_until`,
+			merchantID, key, hash, op, now.Add(s.cfg.Lease), now, now.Add(s.cfg.RetryWindow)).Scan(&lease)
+		if err == nil {
+			rec := Record{MerchantID: merchantID, Key: key, RequestHash: hash, Status: StatusProcessing, OperationID: op, LockedUntil: &lease}
+			// From here on the work belongs to the key, not to the HTTP
+			// request: a client that hangs up must not leave it half done.
+			return s.own(context.WithoutCancel(ctx), rec, lease, req)
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return Response{}, fmt.Errorf("payments: take ownership: %w", err)
+		}
+		rec, err := GetRecord(ctx, s.pool, merchantID, key)
+		if errors.Is(err, ErrNotFound) {
+			continue // pruned or released between the two statements: try again
+		}
+		if err != nil {
+			return Response{}, err
+		}
+		return s.answerFromRecord(rec, hash), nil
+	}
+	return Response{}, errors.New("payments: could not take or read the key")
+}
+
+// answerFromRecord answers a request whose key belongs to someone else.
+func (s *Service) answerFromRecord(rec Record, hash string) Response {
+	if hash != "" && rec.RequestHash != hash {
+		s.m.conflicts.WithLabelValues(ConflictPayloadMismatch).Inc()
+		return Response{Status: 422, Body: ErrorBody(CodeKeyReused, "this Idempotency-Key was used with another request; use a new key for a new payment")}
+	}
+	if rec.Status == StatusProcessing || rec.ResponseStatus == 0 {
+		s.m.conflicts.WithLabelValues(ConflictInProgress).Inc()
+		return Response{Status: 409, RetryAfter: s.cfg.RetryAfterSeconds, Body: ErrorBody(CodeInProgress, "a request with this Idempotency-Key is still being processed; retry later with the same key")}
+	}
+	return Response{Status: rec.ResponseStatus, Body: rec.ResponseBody, Replayed: true}
+}
+
+func (s *Service) answerCurrent(ctx context.Context, op uuid.UUID) (Response, error) {
+	rec, err := RecordByOperation(ctx, s.pool, op)
+	if errors.Is(err, ErrNotFound) {
+		// Recovery released the key while this worker stalled: nothing was
+		// written for it, and a retry with the same key starts afresh.
+		return Response{Status: 409, RetryAfter: s.cfg.RetryAfterSeconds, Body: ErrorBody(CodeInProgress, "the request was interrupted; retry with the same Idempotency-Key")}, nil
+	}
+	if err != nil {
+		return Response{}, err
+	}
+	return s.answerFromRecord(rec, ""), nil
+}
+
+// own runs the payment for the key this process just took.
+func (s *Service) own(ctx context.Context, rec Record, lease time.Time, req Request) (Response, error) {
+	if s.afterOwnership != nil {
+		if err := s.afterOwnership(rec); err != nil {
+			return Response{}, err
+		}
+	}
+	customer, bidx, err := s.encryptCustomer(req.Customer)
+	if err != nil {
+		return Response{}, err
+	}
+	p, lease, err := s.reserve(ctx, rec, lease, req, customer, bidx)
+	var rej *rejection
+	switch {
+	case errors.As(err, &rej):
+		if rej.code == CodeDuplicateInvoice {
+			s.m.conflicts.WithLabelValues(ConflictBusinessDuplicate).Inc()
+		}
+		s.m.payments.WithLabelValues(rej.outcome).Inc()
+		stored, err := s.finishRejected(ctx, rec.OperationID, lease, rej)
+		if errors.Is(err, ErrLeaseLost) {
+			return s.answerCurrent(ctx, rec.OperationID)
+		}
+		if err != nil {
+			return Response{}, err
+		}
+		return Response{Status: stored.ResponseStatus, Body: stored.ResponseBody}, nil
+	case errors.Is(err, ErrLeaseLost):
+		return s.answerCurrent(ctx, rec.OperationID)
+	case err != nil:
+		return Response{}, err
+	}
+	if s.afterReserve != nil {
+		if err := s.afterReserve(p); err != nil {
+			return Response{}, err
+		}
+	}
+	// The provider call: outside any transaction, no row lock held, the
+	// operation id as the provider's idempotency key.
+	res, cerr := s.charge(ctx, provider.ChargeRequest{OperationID: p.OperationID, Amount: p.Amount, Currency: p.Currency})
+	to, d := outcomeOfCharge(res, cerr)
+	if cerr != nil {
+		s.log.Warn("payments: provider charge", "operation_id", p.OperationID, "err", cerr)
+	}
+	stored, err := s.settle(ctx, p.OperationID, StatusProcessing, to, d, &lease)
+	if errors.Is(err, ErrLeaseLost) || errors.Is(err, errStateChanged) {
+		return s.answerCurrent(ctx, p.OperationID)
+	}
+	if err != nil {
+		return Response{}, err
+	}
+	return Response{Status: stored.ResponseStatus, Body: stored.ResponseBody}, nil
+}
+
+// outcomeOfCharge maps a provider answer to the payment's next state: only
+// a definite answer completes or fails; anything unclear is unknown.
+func outcomeOfCharge(res provider.Result, err error) (Status, details) {
+	switch {
+	case err == nil && res.Outcome == provider.Succeeded:
+		return StatusCompleted, details{providerRef: res.ProviderRef}
+	case err == nil && res.Outcome == provider.Declined:
+		return StatusFailed, details{failureCode: CodeDeclined, providerRef: res.ProviderRef}
+	case errors.Is(err, provider.ErrNotProcessed):
+		return StatusFailed, details{failureCode: CodeProviderUnavailable}
+	}
+	return StatusUnknown, details{}
+}
+
+func (s *Service) encryptCustomer(c Customer) (map[string]string, []byte, error) {
+	out := map[string]string{}
+	for field, v := range map[string]string{pii.FieldName: c.Name, pii.FieldEmail: c.Email, pii.FieldTaxID: c.TaxID} {
+		if v == "" {
+			continue
+		}
+		env, err := s.kr.Encrypt(field, v)
+		if err != nil {
+			return nil, nil, err
+		}
+		out[field] = env
+	}
+	return out, s.kr.BlindIndex(pii.FieldEmail, c.Email), nil
+}
+
+// reserve is the second transaction: it re-checks and extends the lease (a
+// fencing token: a worker that lost the key writes nothing), creates the
+// payment, reserves the balance with one conditional UPDATE and writes
+// payment.requested.v1. It returns the extended lease.
+func (s *Service) reserve(ctx context.Context, rec Record, lease time.Time, req Request, customer map[string]string, bidx []byte) (Payment, time.Time, error) {
+	now := s.now()
+	var p Payment
+	newLease := lease
+	err := db.WithTx(ctx, s.pool, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `
+			UPDATE idempotency_record SET locked_until = $3, updated_at = $4
+			WHERE operation_id = $1 AND status = 'processing' AND locked_until = $2
+			RETURNING locked_until`, rec.OperationID, lease, now.Add(s.cfg.Lease), now).Scan(&newLease)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrLeaseLost
+		}
+		if err != nil {
+			return err
+		}
+		var currency string
+		err = tx.QueryRow(ctx, `SELECT currency FROM account WHERE account_id = $1`, req.AccountID).Scan(&currency)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return &rejection{422, CodeUnknownAccount, "the account does not exist", "rejected"}
+		}
+		if err != nil {
+			return err
+		}
+		if currency != req.Currency {
+			return &rejection{422, CodeCurrencyMismatch, "the account is kept in another currency", "rejected"}
+		}
+		custJSON, _ := json.Marshal(customer)
+		p, err = scanPayment(tx.QueryRow(ctx, `
+			INSERT INTO payment (operation_id, merchant_id, invoice_id, account_id, amount, currency, customer, customer_email_bidx, status, created_at, updated_at)
+			VALUES ($1, $2, $3, $4, $5::numeric, $6, $7, $8, 'processing', $9, $9)
+			RETURNING `+paymentCols,
+			rec.OperationID, rec.MerchantID, req.InvoiceID, req.AccountID, req.Amount.StringFixed(2), req.Currency, custJSON, bidx, now))
+		if db.Code(err) == db.CodeUniqueViolation && db.Constraint(err) == "payment_business_identity" {
+			return &rejection{409, CodeDuplicateInvoice, "this invoice already has a payment; a new Idempotency-Key does not make a second payment", "rejected"}
+		}
+		if err != nil {
+			return fmt.Errorf("payments: insert payment: %w", err)
+		}
+		// The balance invariant in one statement: the row lock makes a
+		// concurrent reservation wait and re-check against the new value.
+		tag, err := tx.Exec(ctx, `
+			UPDATE account SET reserved = reserved + $2::numeric, updated_at = $3
+			WHERE account_id = $1 AND balance - reserved >= $2::numeric`, req.AccountID, req.Amount.StringFixed(2), now)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return &rejection{402, CodeInsufficientFunds, "the account's available balance does not cover the amount", "insufficient_funds"}
+		}
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO balance_reservation (operation_id, account_id, amount, status, created_at, updated_at)
+			VALUES ($1, $2, $3::numeric, 'active', $4, $4)`, rec.OperationID, req.AccountID, req.Amount.StringFixed(2), now); err != nil {
+			return err
+		}
+		return insertEvent(ctx, tx, s.cfg.Topic, EventRequested, p, now, true)
+	})
+	if err != nil {
+		// Rolled back: the lease in the database is still the old one.
+		return Payment{}, lease, err
+	}
+	return p, newLease, nil
+}
+
+// finishRejected stores a rejection as the key's result, if this worker
+// still holds the key.
+func (s *Service) finishRejected(ctx context.Context, op uuid.UUID, lease time.Time, rej *rejection) (Record, error) {
+	rec, err := scanRecord(s.pool.QueryRow(ctx, `
+		UPDATE idempotency_record
+		SET status = 'failed', response_status = $3, response_body = $4::jsonb, locked_until = NULL, updated_at = $5
+		WHERE operation_id = $1 AND status = 'processing' AND locked_until = $2
+		RETURNING `+recordCols, op, lease, rej.status, string(ErrorBody(rej.code, rej.message)), s.now()))
+	if errors.Is(err, ErrNotFound) {
+		return Record{}, ErrLeaseLost
+	}
+	return rec, err
+}
+
+// eventPayload is the JSON of payment.* events. Customer data travels
+// encrypted (pii envelopes), never in clear.
+type eventPayload struct {
+	OperationID string            `json:"operation_id"`
+	MerchantID  string            `json:"merchant_id"`
+	InvoiceID   string            `json:"invoice_id"`
+	AccountID   int64             `json:"account_id"`
+	Amount      string            `json:"amount"`
+	Currency    string            `json:"currency"`
+	Status      Status            `json:"status"`
+	ProviderRef string            `json:"provider_ref,omitempty"`
+	FailureCode string            `json:"failure_code,omitempty"`
+	ResolvedBy  string            `json:"resolved_by,omitempty"`
+	Customer    map[string]string `json:"customer,omitempty"`
+	OccurredAt  time.Time         `json:"occurred_at"`
+}
+
+func insertEvent(ctx context.Context, tx pgx.Tx, topic, eventType string, p Payment, now time.Time, withCustomer bool) error {
+	ev := eventPayload{OperationID: p.OperationID.String(), MerchantID: p.MerchantID, InvoiceID: p.InvoiceID, AccountID: p.AccountID,
+		Amount: p.Amount.StringFixed(2), Currency: p.Currency, Status: p.Status, ProviderRef: p.ProviderRef, FailureCode: p.FailureCode,
+		ResolvedBy: p.ResolvedBy, OccurredAt: now}
+	if withCustomer {
+		ev.Customer = p.Customer
+	}
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	_, err = outbox.Insert(ctx, tx, outbox.Event{AggregateType: AggregateType, AggregateID: p.OperationID.String(), Topic: topic, EventType: eventType, Payload: payload})
+	return err
+}

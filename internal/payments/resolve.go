@@ -1,0 +1,240 @@
+package payments
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice/internal/db"
+)
+
+// errStateChanged: the payment was not in the state a transition expected
+// (another worker moved it first).
+var errStateChanged = errors.New("payments: payment state changed")
+
+// details of a transition.
+type details struct {
+	providerRef string
+	failureCode string
+	resolvedBy  string // set when an inquiry, a settlement file or an operator resolves
+	nextInquiry time.Time
+}
+
+// settle records a charge's outcome in one transaction. With a fence, the
+// caller must still hold the key's lease (locked_until = *fence).
+func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d details, fence *time.Time) (Record, error) {
+	now := s.now()
+	if to == StatusUnknown {
+		d.nextInquiry = now.Add(s.cfg.InquiryBackoff)
+	}
+	var rec Record
+	err := db.WithTx(ctx, s.pool, func(tx pgx.Tx) error {
+		if fence != nil {
+			var one int
+			err := tx.QueryRow(ctx, `SELECT 1 FROM idempotency_record WHERE operation_id = $1 AND status = 'processing' AND locked_until = $2 FOR UPDATE`, op, *fence).Scan(&one)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ErrLeaseLost
+			}
+			if err != nil {
+				return err
+			}
+		}
+		var err error
+		_, rec, err = transition(ctx, tx, op, from, to, d, now, s.cfg.Topic)
+		return err
+	})
+	if err == nil {
+		s.m.payments.WithLabelValues(string(to)).Inc()
+	}
+	return rec, err
+}
+
+// ResolveOptions describe a resolution of an unknown payment.
+type ResolveOptions struct {
+	ProviderRef string    // the provider's reference, when known
+	FailureCode string    // for failed (default payment_failed)
+	ResolvedBy  string    // "inquiry", "settlement:<file>", or the operator (iss|sub): no PII
+	Topic       string    // outbox topic (default sluice.payments)
+	Now         time.Time // default time.Now()
+}
+
+// Resolve moves an unknown payment to completed (reservation finalized,
+// ledger debit, payment.completed.v1) or failed (reservation released,
+// payment.failed.v1), once: it runs in the caller's transaction tx so the
+// console can write its audit event in the same commit, and returns
+// ErrNotUnknown when the payment is not unknown any more (a concurrent
+// resolution won) and ErrNotFound when there is no such payment. The key's
+// stored response becomes the final answer.
+func Resolve(ctx context.Context, tx pgx.Tx, operationID uuid.UUID, outcome Outcome, opts ResolveOptions) (Payment, error) {
+	to := StatusCompleted
+	switch outcome {
+	case OutcomeSucceeded:
+	case OutcomeFailed:
+		to = StatusFailed
+		if opts.FailureCode == "" {
+			opts.FailureCode = CodePaymentFailed
+		}
+	default:
+		return Payment{}, ErrInvalidOutcome
+	}
+	if opts.Topic == "" {
+		opts.Topic = DefaultTopic
+	}
+	if opts.Now.IsZero() {
+		opts.Now = time.Now()
+	}
+	if opts.ResolvedBy == "" {
+		opts.ResolvedBy = "unspecified"
+	}
+	p, _, err := transition(ctx, tx, operationID, StatusUnknown, to, details{providerRef: opts.ProviderRef, failureCode: opts.FailureCode, resolvedBy: opts.ResolvedBy}, opts.Now.UTC(), opts.Topic)
+	return p, err
+}
+
+// transition is the one place a payment changes state: UPDATE … WHERE
+// status = from makes it happen once, and the reservation, ledger, event
+// and stored response change in the same transaction.
+func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d details, now time.Time, topic string) (Payment, Record, error) {
+	var nextInquiry *time.Time
+	if to == StatusUnknown {
+		nextInquiry = &d.nextInquiry
+	}
+	p, err := scanPayment(tx.QueryRow(ctx, `
+		UPDATE payment SET
+			status = $3,
+			provider_ref = coalesce(nullif($4, ''), provider_ref),
+			failure_code = nullif($5, ''),
+			unknown_since = CASE WHEN $3 = 'unknown' THEN $6 ELSE unknown_since END,
+			next_inquiry_at = $7,
+			resolved_at = CASE WHEN $8 <> '' THEN $6 ELSE resolved_at END,
+			resolved_by = nullif($8, ''),
+			updated_at = $6
+		WHERE operation_id = $1 AND status = $2
+		RETURNING `+paymentCols,
+		op, string(from), string(to), d.providerRef, d.failureCode, now, nextInquiry, d.resolvedBy))
+	if errors.Is(err, ErrNotFound) {
+		if _, gerr := Get(ctx, tx, op); gerr != nil {
+			return Payment{}, Record{}, gerr
+		}
+		if from == StatusUnknown {
+			return Payment{}, Record{}, ErrNotUnknown
+		}
+		return Payment{}, Record{}, errStateChanged
+	}
+	if err != nil {
+		return Payment{}, Record{}, err
+	}
+	amount := p.Amount.StringFixed(2)
+	var eventType string
+	switch to {
+	case StatusCompleted:
+		if err := moveReservation(ctx, tx, op, ReservationFinalized, now); err != nil {
+			return Payment{}, Record{}, err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE account SET balance = balance - $2::numeric, reserved = reserved - $2::numeric, updated_at = $3 WHERE account_id = $1`, p.AccountID, amount, now); err != nil {
+			return Payment{}, Record{}, fmt.Errorf("payments: finalize: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO ledger_entry (operation_id, account_id, entry_type, amount, currency, memo, created_at) VALUES ($1, $2, 'debit', $3::numeric, $4, $5, $6)`,
+			op, p.AccountID, amount, p.Currency, "payment "+p.InvoiceID, now); err != nil {
+			return Payment{}, Record{}, fmt.Errorf("payments: ledger: %w", err)
+		}
+		eventType = EventCompleted
+	case StatusFailed:
+		if err := moveReservation(ctx, tx, op, ReservationReleased, now); err != nil {
+			return Payment{}, Record{}, err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE account SET reserved = reserved - $2::numeric, updated_at = $3 WHERE account_id = $1`, p.AccountID, amount, now); err != nil {
+			return Payment{}, Record{}, fmt.Errorf("payments: release: %w", err)
+		}
+		eventType = EventFailed
+	case StatusUnknown:
+		// The reservation stays active: money may have moved.
+		eventType = EventUnknown
+	default:
+		return Payment{}, Record{}, fmt.Errorf("payments: no transition to %q", to)
+	}
+	if err := insertEvent(ctx, tx, topic, eventType, p, now, false); err != nil {
+		return Payment{}, Record{}, err
+	}
+	status, body := storedResponse(p)
+	rec, err := scanRecord(tx.QueryRow(ctx, `
+		UPDATE idempotency_record SET status = $2, response_status = $3, response_body = $4::jsonb, locked_until = NULL, updated_at = $5
+		WHERE operation_id = $1
+		RETURNING `+recordCols, op, string(to), status, string(body), now))
+	if err != nil && !errors.Is(err, ErrNotFound) { // a pruned key has nothing to update
+		return Payment{}, Record{}, err
+	}
+	return p, rec, nil
+}
+
+func moveReservation(ctx context.Context, tx pgx.Tx, op uuid.UUID, to string, now time.Time) error {
+	tag, err := tx.Exec(ctx, `UPDATE balance_reservation SET status = $2, updated_at = $3 WHERE operation_id = $1 AND status = 'active'`, op, to, now)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("payments: operation %s has no active reservation", op)
+	}
+	return nil
+}
+
+// PaymentBody is the JSON a client sees for a payment.
+type PaymentBody struct {
+	OperationID string            `json:"operation_id"`
+	InvoiceID   string            `json:"invoice_id"`
+	AccountID   int64             `json:"account_id"`
+	Amount      string            `json:"amount"`
+	Currency    string            `json:"currency"`
+	Status      Status            `json:"status"`
+	ProviderRef string            `json:"provider_ref,omitempty"`
+	Code        string            `json:"code,omitempty"`
+	Message     string            `json:"message,omitempty"`
+	Customer    map[string]string `json:"customer,omitempty"` // masked, GET only
+}
+
+// storedResponse is the answer a key keeps for a payment in a final or
+// unknown state.
+func storedResponse(p Payment) (int, []byte) {
+	b := bodyOf(p)
+	status := 201
+	switch p.Status {
+	case StatusUnknown:
+		status = 202
+	case StatusFailed:
+		status = 402
+		if p.FailureCode == CodeProviderUnavailable {
+			status = 502
+		}
+	case StatusProcessing:
+		status = 202
+	}
+	out, _ := json.Marshal(b)
+	return status, out
+}
+
+func bodyOf(p Payment) PaymentBody {
+	b := PaymentBody{OperationID: p.OperationID.String(), InvoiceID: p.InvoiceID, AccountID: p.AccountID, Amount: p.Amount.StringFixed(2),
+		Currency: p.Currency, Status: p.Status, ProviderRef: p.ProviderRef}
+	switch p.Status {
+	case StatusUnknown:
+		b.Message = "the provider has not confirmed the outcome yet; it is being checked. Do not pay again: retry with the same Idempotency-Key for the final answer"
+	case StatusFailed:
+		b.Code = p.FailureCode
+		if b.Code == "" {
+			b.Code = CodePaymentFailed
+		}
+		switch b.Code {
+		case CodeDeclined:
+			b.Message = "the provider declined the payment"
+		case CodeProviderUnavailable:
+			b.Message = "the provider was unavailable; nothing was charged"
+		default:
+			b.Message = "the payment failed; nothing was charged"
+		}
+	}
+	return b
+}

@@ -1,0 +1,263 @@
+package payments
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/sluice-dev/sluice/internal/db"
+)
+
+// querier is a pool, a connection or a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// notFound turns pgx.ErrNoRows into ErrNotFound: the one place it happens.
+func notFound(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNotFound
+	}
+	return err
+}
+
+const recordCols = `merchant_id, idempotency_key, request_hash, status, operation_id,
+	coalesce(response_status, 0), coalesce(response_body::text, ''), locked_until, created_at, expires_at`
+
+func scanRecord(row pgx.Row) (Record, error) {
+	var r Record
+	var body string
+	var status string
+	err := row.Scan(&r.MerchantID, &r.Key, &r.RequestHash, &status, &r.OperationID, &r.ResponseStatus, &body, &r.LockedUntil, &r.CreatedAt, &r.ExpiresAt)
+	if err != nil {
+		return Record{}, notFound(err)
+	}
+	r.Status = Status(status)
+	if body != "" {
+		r.ResponseBody = []byte(body)
+	}
+	return r, nil
+}
+
+// GetRecord reads the idempotency record of (merchant, key).
+func GetRecord(ctx context.Context, q querier, merchantID, key string) (Record, error) {
+	return scanRecord(q.QueryRow(ctx, `SELECT `+recordCols+` FROM idempotency_record WHERE merchant_id = $1 AND idempotency_key = $2`, merchantID, key))
+}
+
+// RecordByOperation reads the idempotency record of an operation.
+func RecordByOperation(ctx context.Context, q querier, op uuid.UUID) (Record, error) {
+	return scanRecord(q.QueryRow(ctx, `SELECT `+recordCols+` FROM idempotency_record WHERE operation_id = $1`, op))
+}
+
+const paymentCols = `operation_id, merchant_id, invoice_id, payment_type, account_id, amount::text, currency,
+	customer, status, coalesce(provider_ref, ''), coalesce(failure_code, ''), unknown_since, next_inquiry_at,
+	inquiry_attempts, resolved_at, coalesce(resolved_by, ''), created_at, updated_at`
+
+func scanPayment(row pgx.Row) (Payment, error) {
+	var p Payment
+	var amount, status string
+	var customer []byte
+	err := row.Scan(&p.OperationID, &p.MerchantID, &p.InvoiceID, &p.PaymentType, &p.AccountID, &amount, &p.Currency,
+		&customer, &status, &p.ProviderRef, &p.FailureCode, &p.UnknownSince, &p.NextInquiryAt,
+		&p.InquiryAttempts, &p.ResolvedAt, &p.ResolvedBy, &p.CreatedAt, &p.UpdatedAt)
+	if err != nil {
+		return Payment{}, notFound(err)
+	}
+	p.Status = Status(status)
+	if p.Amount, err = decimal.NewFromString(amount); err != nil {
+		return Payment{}, fmt.Errorf("payments: amount %q: %w", amount, err)
+	}
+	if len(customer) > 0 {
+		if err := json.Unmarshal(customer, &p.Customer); err != nil {
+			return Payment{}, fmt.Errorf("payments: customer column: %w", err)
+		}
+	}
+	return p, nil
+}
+
+// Get reads one payment.
+func Get(ctx context.Context, q querier, op uuid.UUID) (Payment, error) {
+	return scanPayment(q.QueryRow(ctx, `SELECT `+paymentCols+` FROM payment WHERE operation_id = $1`, op))
+}
+
+// getForUpdate reads one payment and locks it until tx ends.
+func getForUpdate(ctx context.Context, tx pgx.Tx, op uuid.UUID) (Payment, error) {
+	return scanPayment(tx.QueryRow(ctx, `SELECT `+paymentCols+` FROM payment WHERE operation_id = $1 FOR UPDATE`, op))
+}
+
+// ListUnknown returns unknown payments, oldest first (the partial index
+// payment_unknown_idx keeps this O(unknown)).
+func ListUnknown(ctx context.Context, q querier, limit int) ([]Payment, error) {
+	rows, err := q.Query(ctx, `SELECT `+paymentCols+` FROM payment WHERE status = 'unknown' ORDER BY unknown_since, operation_id LIMIT $1`, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Payment
+	for rows.Next() {
+		p, err := scanPayment(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// ReservationOf reads an operation's reservation.
+func ReservationOf(ctx context.Context, q querier, op uuid.UUID) (Reservation, error) {
+	var r Reservation
+	var amount string
+	err := q.QueryRow(ctx, `SELECT operation_id, account_id, amount::text, status FROM balance_reservation WHERE operation_id = $1`, op).
+		Scan(&r.OperationID, &r.AccountID, &amount, &r.Status)
+	if err != nil {
+		return Reservation{}, notFound(err)
+	}
+	r.Amount, err = decimal.NewFromString(amount)
+	return r, err
+}
+
+// LedgerOf lists an operation's ledger entries in order.
+func LedgerOf(ctx context.Context, q querier, op uuid.UUID) ([]LedgerEntry, error) {
+	rows, err := q.Query(ctx, `SELECT entry_id, operation_id, account_id, entry_type, amount::text, currency, coalesce(memo, ''), created_at
+		FROM ledger_entry WHERE operation_id = $1 ORDER BY entry_id`, op)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []LedgerEntry
+	for rows.Next() {
+		var e LedgerEntry
+		var amount string
+		if err := rows.Scan(&e.EntryID, &e.OperationID, &e.AccountID, &e.EntryType, &amount, &e.Currency, &e.Memo, &e.CreatedAt); err != nil {
+			return nil, err
+		}
+		if e.Amount, err = decimal.NewFromString(amount); err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// Account is one account row.
+type Account struct {
+	AccountID int64
+	Currency  string
+	Balance   decimal.Decimal
+	Reserved  decimal.Decimal
+}
+
+// Available is what can still be reserved.
+func (a Account) Available() decimal.Decimal { return a.Balance.Sub(a.Reserved) }
+
+// GetAccount reads an account.
+func GetAccount(ctx context.Context, q querier, id int64) (Account, error) {
+	var a Account
+	var bal, res string
+	err := q.QueryRow(ctx, `SELECT account_id, currency, balance::text, reserved::text FROM account WHERE account_id = $1`, id).Scan(&a.AccountID, &a.Currency, &bal, &res)
+	if err != nil {
+		return Account{}, notFound(err)
+	}
+	a.Balance, _ = decimal.NewFromString(bal)
+	a.Reserved, _ = decimal.NewFromString(res)
+	return a, nil
+}
+
+// CreateAccount opens an account with an opening balance, written as a
+// ledger credit so the balance can be recomputed from the ledger. An
+// existing account is left as it is (ErrAccountExists).
+func CreateAccount(ctx context.Context, b db.Beginner, id int64, currency string, opening decimal.Decimal) error {
+	if !Currencies[currency] {
+		return fmt.Errorf("payments: currency %q is not supported", currency)
+	}
+	if opening.IsNegative() {
+		return errors.New("payments: opening balance must not be negative")
+	}
+	return db.WithTx(ctx, b, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `INSERT INTO account (account_id, currency, balance) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, id, currency)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrAccountExists
+		}
+		if opening.IsPositive() {
+			return credit(ctx, tx, id, currency, opening, "opening balance")
+		}
+		return nil
+	})
+}
+
+// ErrAccountExists is returned by CreateAccount for an existing account.
+var ErrAccountExists = errors.New("payments: account exists")
+
+// Credit adds money to an account (a top-up), with its ledger entry.
+func Credit(ctx context.Context, b db.Beginner, id int64, amount decimal.Decimal, memo string) error {
+	if !amount.IsPositive() {
+		return errors.New("payments: credit must be positive")
+	}
+	return db.WithTx(ctx, b, func(tx pgx.Tx) error {
+		var currency string
+		if err := tx.QueryRow(ctx, `SELECT currency FROM account WHERE account_id = $1`, id).Scan(&currency); err != nil {
+			return notFound(err)
+		}
+		return credit(ctx, tx, id, currency, amount, memo)
+	})
+}
+
+func credit(ctx context.Context, tx pgx.Tx, id int64, currency string, amount decimal.Decimal, memo string) error {
+	op, err := uuid.NewV7()
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE account SET balance = balance + $2::numeric, updated_at = now() WHERE account_id = $1`, id, amount.StringFixed(2)); err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO ledger_entry (operation_id, account_id, entry_type, amount, currency, memo) VALUES ($1, $2, 'credit', $3::numeric, $4, $5)`,
+		op, id, amount.StringFixed(2), currency, memo)
+	return err
+}
+
+// ListFilter selects a page of payments for the console: by status (empty:
+// all), newest first, after a keyset cursor (the last row of the previous
+// page), so a page costs O(limit) on payment_status_created_idx.
+type ListFilter struct {
+	Status    Status
+	Limit     int
+	AfterTime time.Time // cursor: created_at of the previous page's last row
+	AfterOpID uuid.UUID // cursor: its operation_id
+	HasCursor bool
+}
+
+// List returns one page of payments.
+func List(ctx context.Context, q querier, f ListFilter) ([]Payment, error) {
+	if f.Limit <= 0 || f.Limit > 500 {
+		f.Limit = 50
+	}
+	rows, err := q.Query(ctx, `SELECT `+paymentCols+` FROM payment
+		WHERE ($1 = '' OR status = $1)
+		  AND (NOT $2 OR (created_at, operation_id) < ($3, $4))
+		ORDER BY created_at DESC, operation_id DESC
+		LIMIT $5`, string(f.Status), f.HasCursor, f.AfterTime, f.AfterOpID, f.Limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Payment
+	for rows.Next() {
+		p, err := scanPayment(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,118 @@
+package payments
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/shopspring/decimal"
+
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/payments/provider"
+	"github.com/sluice-dev/sluice/internal/pii"
+)
+
+// The whole service under a faulty provider and a retrying client
+// population, with the workers running on the real clock: afterwards every
+// payment is final, money moved at the provider exactly for the completed
+// payments, once each, and the books add up.
+func TestWorkloadUnderFaults(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	sim := provider.NewSimulator(provider.SimConfig{DeclineRate: 0.1, SlowRate: 0.1, TimeoutAfterChargeRate: 0.1, DownRate: 0.05,
+		InquiryUnknownRate: 0.3, SlowDelay: 500 * time.Millisecond, HangFor: 2 * time.Second, Seed: 42})
+	if err := sim.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	keys, blind, _ := pii.GenerateSpec("w1")
+	kr, _ := pii.ParseKeyring(keys, blind)
+	svc, err := NewService(pool, provider.NewClient(sim.URL(), 300*time.Millisecond), kr, Config{
+		Lease: 2 * time.Second, RecoveryInterval: 100 * time.Millisecond, ReconcileInterval: 100 * time.Millisecond,
+		InquiryBackoff: 50 * time.Millisecond, InquiryBackoffMax: 200 * time.Millisecond,
+	}, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(svc.Handler())
+	defer srv.Close()
+	ctx := context.Background()
+	accounts := []int64{1, 2, 3}
+	if err := SetupAccounts(ctx, pool, accounts, decimal.New(3000, 0)); err != nil {
+		t.Fatal(err)
+	}
+	wctx, stopWorkers := context.WithCancel(ctx)
+	workersDone := make(chan struct{})
+	go func() { defer close(workersDone); _ = svc.RunWorkers(wctx) }()
+	defer func() { stopWorkers(); <-workersDone }()
+
+	w := NewWorkload(WorkloadConfig{BaseURL: srv.URL, Accounts: accounts, Rate: 40, ClientTimeout: 2 * time.Second, NewKeyRate: 0.2, Pool: pool})
+	lctx, stop := context.WithTimeout(ctx, 3*time.Second)
+	_ = w.Run(lctx)
+	stop()
+	st := w.Stats()
+	if st.Started < 20 || st.Completed == 0 {
+		t.Fatalf("workload barely ran: %+v", st)
+	}
+	waitFor(t, "every payment final", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM payment WHERE status IN ('processing', 'unknown')`).Scan(&n)
+		return n == 0
+	})
+	e := &env{t: t, pool: pool}
+	for _, a := range accounts {
+		e.checkBooks(a)
+	}
+	// Provider truth vs. our books.
+	moved := map[uuid.UUID]bool{}
+	for _, c := range sim.Charges() {
+		if c.Status == provider.Succeeded {
+			moved[c.OperationID] = true
+		}
+	}
+	rows, err := pool.Query(ctx, `SELECT p.operation_id, p.status, (SELECT count(*) FROM ledger_entry l WHERE l.operation_id = p.operation_id AND l.entry_type = 'debit') FROM payment p`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	completed := 0
+	for rows.Next() {
+		var op uuid.UUID
+		var status string
+		var debits int
+		if err := rows.Scan(&op, &status, &debits); err != nil {
+			t.Fatal(err)
+		}
+		switch Status(status) {
+		case StatusCompleted:
+			completed++
+			if !moved[op] || debits != 1 {
+				t.Errorf("completed %s: provider charged=%v, debits=%d", op, moved[op], debits)
+			}
+		case StatusFailed:
+			if moved[op] || debits != 0 {
+				t.Errorf("failed %s but the provider charged it (or it has %d debits)", op, debits)
+			}
+		}
+	}
+	rows.Close()
+	if completed != len(moved) || sim.MoneyMoved() != len(moved) {
+		t.Fatalf("provider moved money %d times for %d operations; %d payments completed", sim.MoneyMoved(), len(moved), completed)
+	}
+	t.Logf("workload: %+v; completed %d", st, completed)
+}
+
+func TestDBClockSync(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	var c dbClock
+	c.offset.Store(int64(time.Hour)) // a badly drifted start
+	if _, err := c.sync(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	if d := c.Now().Sub(time.Now()); d > 5*time.Second || d < -5*time.Second {
+		t.Fatalf("offset after sync with a database on this machine: %s", d)
+	}
+}
