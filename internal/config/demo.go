@@ -34,7 +34,7 @@ func ParseDemo(args []string, lookup Lookup, out io.Writer) (Demo, error) {
 	f.Int(&c.EventRate, "event-rate", "DEMO_EVENT_RATE", 40, "order transactions per second (each writes one outbox event)")
 	f.Int(&c.PaymentRate, "payment-rate", "DEMO_PAYMENT_RATE", 4, "payment requests per second")
 	f.Duration(&c.StatusEvery, "status-every", "DEMO_STATUS_EVERY", 5*time.Second, "how often to print a status line")
-	f.String(&c.LogLevel, "log-level", "LOG_LEVEL", "warn", "debug, info, warn or error (the demo's status lines are printed regardless)")
+	f.String(&c.LogLevel, "log-level", "LOG_LEVEL", "error", "debug, info, warn or error for the JSON log on stderr (status lines go to stdout regardless)")
 	if err := f.Parse(args); err != nil {
 		return c, err
 	}

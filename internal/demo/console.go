@@ -45,6 +45,8 @@ func (d *Demo) startConsole(ctx context.Context) (string, error) {
 		ln.Close()
 		return "", err
 	}
+	// The console keeps its own metrics registry, as its own process would:
+	// its gauges come from its snapshot, not from the services it watches.
 	app, err := web.New(ctx, web.Config{
 		PublicURL:        base,
 		OIDCIssuer:       idp.Issuer(),
@@ -52,7 +54,7 @@ func (d *Demo) startConsole(ctx context.Context) (string, error) {
 		OIDCClientSecret: clientSecret,
 		RolesClaim:       "groups",
 		RoleMap:          roles,
-	}, web.Deps{Pool: d.pool, Logger: d.log, Registry: d.reg, Listener: ln})
+	}, web.Deps{Pool: d.pool, Logger: d.log, Listener: ln})
 	if err != nil {
 		ln.Close()
 		return "", err

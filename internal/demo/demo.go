@@ -44,6 +44,7 @@ type Demo struct {
 	relays   []*outbox.Relay
 	consumer *inbox.Consumer
 
+	payments   *paymentsPart
 	idp        *devoidc.Server
 	console    *web.App
 	ConsoleURL string
@@ -109,7 +110,13 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 		if err != nil {
 			return nil, err
 		}
-		r, err := outbox.NewRelay(d.pool, b, outbox.RelayConfig{Name: fmt.Sprintf("relay-%d", i+1)}, log, d.reg)
+		// Few attempts and short backoff, so a refused event reaches the
+		// dead letters within a minute of the demo's start.
+		r, err := outbox.NewRelay(d.pool, poisonPublisher{Publisher: b}, outbox.RelayConfig{
+			Name:        fmt.Sprintf("relay-%d", i+1),
+			MaxAttempts: 5,
+			Backoff:     outbox.Backoff{Base: time.Second, Cap: 10 * time.Second},
+		}, log, d.reg)
 		if err != nil {
 			return nil, err
 		}
@@ -130,6 +137,12 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	}
 	d.goRun("consumer", func() error { return d.consumer.Run(runCtx, redeliveringSubscriber{Subscriber: sub, share: 0.02}) })
 	step("%d relays, the consumer %q and an order workload of %d transactions/s are running", len(d.relays), consumerName, cfg.EventRate)
+
+	if err = d.startPayments(runCtx); err != nil {
+		return nil, err
+	}
+	step("payments service at %s, simulated provider at %s (declines, slow answers, outages, charges that time out → unknown), %d payments/s",
+		d.payments.url, d.payments.sim.URL(), cfg.PaymentRate)
 
 	if d.ConsoleURL, err = d.startConsole(runCtx); err != nil {
 		return nil, err
@@ -182,8 +195,15 @@ func (d *Demo) Run(ctx context.Context) error {
 			return err
 		}
 		c := d.consumer.Counts()
-		fmt.Fprintf(d.out, "%s  outbox: backlog %d, in flight %d, dead %d, published %.0f/s  consumer: applied %d, duplicates absorbed %d, stale dropped %d\n",
-			now.Format("15:04:05"), b.Pending, b.InFlight, b.Dead, rate, c.Applied, c.Duplicates, c.Stale)
+		ps, err := d.payments.status(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				continue
+			}
+			return err
+		}
+		fmt.Fprintf(d.out, "%s  outbox: backlog %d, in flight %d, dead %d, published %.0f/s | consumer: applied %d, duplicates absorbed %d | %s\n",
+			now.Format("15:04:05"), b.Pending, b.InFlight, b.Dead, rate, c.Applied, c.Duplicates, ps)
 	}
 }
 
@@ -204,6 +224,9 @@ func (d *Demo) Close() error {
 	var errs []error
 	if d.console != nil {
 		errs = append(errs, d.console.Close())
+	}
+	if d.payments != nil {
+		errs = append(errs, d.payments.close())
 	}
 	d.wg.Wait()
 	if d.idp != nil {

@@ -2,9 +2,12 @@ package demo
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"math/rand/v2"
 
 	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/outbox"
 )
 
 // redeliveringSubscriber hands a small share of messages to the handler
@@ -28,4 +31,20 @@ func (s redeliveringSubscriber) Subscribe(ctx context.Context, consumer string, 
 		}
 		return nil
 	})
+}
+
+// poisonPublisher refuses the messages the order workload marked as
+// malformed, the way a broker with a schema registry would, so the demo
+// shows backoff, dead letters, and one stuck aggregate not holding up the
+// others — and gives operators something to retry or dead-letter.
+type poisonPublisher struct {
+	outbox.Publisher
+}
+
+func (p poisonPublisher) Publish(ctx context.Context, msg broker.Message) error {
+	var body struct{ Malformed bool }
+	if json.Unmarshal(msg.Payload, &body) == nil && body.Malformed {
+		return errors.New("broker refused the message: payload fails the topic's schema")
+	}
+	return p.Publisher.Publish(ctx, msg)
 }

@@ -105,7 +105,11 @@ func (w *orderWorkload) write(ctx context.Context, id int64, status, amount stri
 				return err
 			}
 		}
-		payload, _ := json.Marshal(map[string]any{"order_id": id, "status": status, "amount": amount})
+		body := map[string]any{"order_id": id, "status": status, "amount": amount}
+		if rand.IntN(400) == 0 {
+			body["malformed"] = true // the demo's broker refuses it: see poisonPublisher
+		}
+		payload, _ := json.Marshal(body)
 		_, err := outbox.Insert(ctx, tx, outbox.Event{
 			AggregateType: "order",
 			AggregateID:   strconv.FormatInt(id, 10),

@@ -1,0 +1,137 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/payments/provider"
+	"github.com/sluice-dev/sluice/internal/pii"
+)
+
+// The demo's provider fails the way real ones do: it declines, is slow, is
+// briefly down, and sometimes charges and then never answers (→ unknown).
+// Most unknown payments are settled by the reconcile worker's inquiries over
+// the following minutes; some stay unknown until an operator resolves them.
+var demoFaults = provider.SimConfig{
+	DeclineRate:            0.08,
+	SlowRate:               0.10,
+	TimeoutAfterChargeRate: 0.06,
+	DownRate:               0.02,
+	InquiryUnknownRate:     0.50,
+	InquiryStuckRate:       0.25,
+	SlowDelay:              800 * time.Millisecond,
+	HangFor:                5 * time.Second,
+}
+
+const (
+	demoProviderTimeout = 2 * time.Second // the payments service gives up here: the outcome is unknown
+	demoAccounts        = 20
+)
+
+type paymentsPart struct {
+	sim      *provider.Simulator
+	svc      *payments.Service
+	srv      *http.Server
+	url      string
+	workload *payments.Workload
+}
+
+// startPayments starts the simulated provider, the payments service with its
+// recovery and reconcile workers, and a client workload that retries on
+// timeouts with the same key.
+func (d *Demo) startPayments(ctx context.Context) error {
+	keys, blind, err := pii.GenerateSpec("demo1")
+	if err != nil {
+		return err
+	}
+	kr, err := pii.ParseKeyring(keys, blind)
+	if err != nil {
+		return err
+	}
+	p := &paymentsPart{}
+	d.payments = p
+	faults := demoFaults
+	faults.Logger = d.log
+	p.sim = provider.NewSimulator(faults)
+	if err := p.sim.Start(d.cfg.ProviderAddr); err != nil {
+		return fmt.Errorf("PROVIDER_SIM_ADDR %s: %w", d.cfg.ProviderAddr, err)
+	}
+	p.svc, err = payments.NewService(d.pool, provider.NewClient(p.sim.URL(), demoProviderTimeout), kr, payments.Config{
+		Lease:             10 * time.Second,
+		RecoveryInterval:  2 * time.Second,
+		ReconcileInterval: 3 * time.Second,
+		InquiryBackoff:    5 * time.Second,
+		InquiryBackoffMax: time.Minute,
+	}, d.log, d.reg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", d.cfg.PaymentsAddr)
+	if err != nil {
+		return fmt.Errorf("PAYMENTS_API_ADDR %s: %w", d.cfg.PaymentsAddr, err)
+	}
+	p.url = "http://" + ln.Addr().String()
+	p.srv = &http.Server{Handler: p.svc.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	d.goRun("payments API", func() error {
+		if err := p.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	d.goRun("payments workers", func() error { return p.svc.RunWorkers(ctx) })
+
+	accounts := make([]int64, demoAccounts)
+	for i := range accounts {
+		accounts[i] = int64(1001 + i)
+	}
+	if err := payments.SetupAccounts(ctx, d.pool, accounts, decimal.New(50000, 0)); err != nil {
+		return err
+	}
+	p.workload = payments.NewWorkload(payments.WorkloadConfig{
+		BaseURL:       p.url,
+		Accounts:      accounts,
+		Rate:          float64(d.cfg.PaymentRate),
+		ClientTimeout: 3 * time.Second,
+		Pool:          d.pool,
+		Logger:        d.log,
+	})
+	if d.cfg.PaymentRate > 0 {
+		d.goRun("payments workload", func() error { return p.workload.Run(ctx) })
+	}
+	return nil
+}
+
+// status is the payments part of a status line.
+func (p *paymentsPart) status(ctx context.Context) (string, error) {
+	u, err := p.svc.Unknown(ctx)
+	if err != nil {
+		return "", err
+	}
+	w := p.workload.Stats()
+	age := "-"
+	if u.Count > 0 {
+		age = u.OldestAge.Round(time.Second).String()
+	}
+	return fmt.Sprintf("payments: completed %d, declined %d, unknown now %d (oldest %s), client retries %d",
+		w.Completed, w.Declined, u.Count, age, w.Retries), nil
+}
+
+func (p *paymentsPart) close() error {
+	var errs []error
+	if p.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs = append(errs, p.srv.Shutdown(ctx))
+		cancel()
+	}
+	if p.sim != nil {
+		errs = append(errs, p.sim.Close())
+	}
+	return errors.Join(errs...)
+}
