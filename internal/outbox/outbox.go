@@ -46,7 +46,10 @@ var ErrInvalidEvent = errors.New("outbox: invalid event")
 // Insert writes ev in the caller's transaction tx: the event exists if and
 // only if tx commits. It assigns a UUIDv7 id when ev.ID is zero and the next
 // per-aggregate sequence number; concurrent writers of one aggregate are
-// serialized until tx ends, so sequence order is commit order.
+// serialized until tx ends, so sequence order is commit order. Insert sends
+// no NOTIFY (that would serialize every commit on PostgreSQL's notification
+// queue lock); to wake relays before their next poll, call a Notifier's Poke
+// after tx commits.
 func Insert(ctx context.Context, tx pgx.Tx, ev Event) (Inserted, error) {
 	if err := ev.validate(); err != nil {
 		return Inserted{}, err

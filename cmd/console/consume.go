@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/inbox"
+)
+
+func runConsume(ctx context.Context, e env, args []string) error {
+	var c config.Consume
+	f := config.NewFlags("consume", "Reference consumer: reads events from the broker on a durable subscription and applies\n"+
+		"each one once through the inbox. Its effect records one consume_effect row per event\n"+
+		"(event id, topic, type, aggregate, sequence; never the payload); an event older than\n"+
+		"its aggregate's last applied sequence is dropped as stale. Stops cleanly on SIGINT/SIGTERM.", e.lookup, e.stderr)
+	c.Register(f)
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if rest := f.Args(); len(rest) > 0 {
+		return &config.UsageError{Err: fmt.Errorf("unexpected arguments: %v", rest)}
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	log := newLogger(e.stderr, c.LogLevel)
+	pool, err := db.Open(ctx, c.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := db.CheckSchema(ctx, pool); err != nil {
+		return err
+	}
+	b, err := broker.Open(ctx, c.Broker.URL, broker.Options{Namespace: c.Broker.Namespace})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	reg := newProcessRegistry()
+	in, err := inbox.Open(pool, inbox.WithMetrics(reg), inbox.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	stop, err := startMetricsListener(c.MetricsAddr, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	consumer := &inbox.Consumer{Inbox: in, Name: c.Consumer}
+	log.Info("consumer started", "consumer", c.Consumer)
+	err = consumer.Run(ctx, b)
+	n := consumer.Counts()
+	log.Info("consumer stopped", "consumer", c.Consumer, "applied", n.Applied, "duplicates", n.Duplicates, "stale", n.Stale)
+	return err
+}

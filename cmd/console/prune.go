@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/inbox"
+	"github.com/sluice-dev/sluice/internal/outbox"
+)
+
+func runPrune(ctx context.Context, e env, args []string) error {
+	var c config.Prune
+	f := config.NewFlags("prune", "One pruning pass: deletes published outbox events and processed inbox message ids\n"+
+		"past their retention, in batches of at most PRUNE_BATCH_SIZE rows per statement.\n"+
+		"Pending and dead outbox events are never deleted. Run it from cron.", e.lookup, e.stderr)
+	c.Register(f)
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if rest := f.Args(); len(rest) > 0 {
+		return &config.UsageError{Err: fmt.Errorf("unexpected arguments: %v", rest)}
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	pool, err := db.Open(ctx, c.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := db.CheckSchema(ctx, pool); err != nil {
+		return err
+	}
+	now := time.Now()
+	n, err := outbox.Prune(ctx, pool, c.OutboxRetention, c.BatchSize, now)
+	fmt.Fprintf(e.stdout, "outbox: deleted %d published events older than %s\n", n, c.OutboxRetention)
+	if err != nil {
+		return err
+	}
+	n, err = inbox.Prune(ctx, pool, c.InboxRetention, c.BatchSize, now)
+	fmt.Fprintf(e.stdout, "inbox: deleted %d processed message ids older than %s\n", n, c.InboxRetention)
+	return err
+}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/outbox"
+)
+
+func runRelay(ctx context.Context, e env, args []string) error {
+	var c config.Relay
+	f := config.NewFlags("relay", "Outbox relay worker: claims pending events (FOR UPDATE SKIP LOCKED, under a lease),\npublishes them to the broker, marks them published. Run as many as you like, on as many hosts as you like.\nStops cleanly on SIGINT/SIGTERM.", e.lookup, e.stderr)
+	c.Register(f)
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if rest := f.Args(); len(rest) > 0 {
+		return &config.UsageError{Err: fmt.Errorf("unexpected arguments: %v", rest)}
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	log := newLogger(e.stderr, c.LogLevel)
+	pool, err := db.Open(ctx, c.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := db.CheckSchema(ctx, pool); err != nil {
+		return err
+	}
+	b, err := broker.Open(ctx, c.Broker.URL, broker.Options{Namespace: c.Broker.Namespace})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	reg := newProcessRegistry()
+	relay, err := outbox.NewRelay(pool, b, outbox.RelayConfig{
+		BatchSize:          c.BatchSize,
+		Lease:              c.Lease,
+		PollInterval:       c.PollInterval,
+		MaxAttempts:        c.MaxAttempts,
+		Backoff:            outbox.Backoff{Base: c.BackoffBase, Cap: c.BackoffCap},
+		DisableOrdering:    !c.Ordering,
+		PublishConcurrency: c.PublishConcurrency,
+	}, log, reg)
+	if err != nil {
+		return err
+	}
+	stop, err := startMetricsListener(c.MetricsAddr, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	return relay.Run(ctx)
+}
+
+// newProcessRegistry is a registry of this process's own (never the
+// default registry), with the Go runtime and process collectors.
+func newProcessRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// startMetricsListener serves /metrics on addr (nothing when addr is empty)
+// for the worker subcommands, which have no web server of their own.
+func startMetricsListener(addr string, reg *prometheus.Registry, log *slog.Logger) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("METRICS_ADDR: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics listener stopped", "err", err)
+		}
+	}()
+	log.Info("serving metrics", "addr", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}

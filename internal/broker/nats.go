@@ -1,0 +1,162 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NATS publishes to and consumes from one JetStream stream.
+type NATS struct {
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	prefix  string // subject prefix: subjects are prefix.topic
+	stream  string
+	ackWait time.Duration
+}
+
+// OpenNATS connects to a NATS server with JetStream and creates the stream
+// if it is missing. Publishes set Nats-Msg-Id to the event id, so the stream's
+// duplicate window drops a relay's republish of an id it already stored.
+func OpenNATS(ctx context.Context, rawURL string, opts Options) (*NATS, error) {
+	ns, err := opts.namespace()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(rawURL,
+		nats.Name("sluice"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500*time.Millisecond),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("broker: connect to NATS: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("broker: JetStream: %w", err)
+	}
+	n := &NATS{nc: nc, js: js, prefix: ns, stream: strings.ToUpper(strings.ReplaceAll(ns, "-", "_")), ackWait: 30 * time.Second}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:       n.stream,
+		Subjects:   []string{ns + ".>"},
+		Storage:    jetstream.FileStorage,
+		Duplicates: 2 * time.Minute,
+	}); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("broker: create stream %s: %w", n.stream, err)
+	}
+	return n, nil
+}
+
+// Stream is the JetStream stream name.
+func (n *NATS) Stream() string { return n.stream }
+
+// Subject is where a topic's messages go.
+func (n *NATS) Subject(topic string) string { return n.prefix + "." + topic }
+
+// Publish stores msg in the stream and waits for JetStream's ack.
+func (n *NATS) Publish(ctx context.Context, msg Message) error {
+	m := nats.NewMsg(n.Subject(msg.Topic))
+	for k, v := range msg.Headers {
+		m.Header.Set(k, v)
+	}
+	m.Header.Set(jetstream.MsgIDHeader, msg.ID)
+	m.Header.Set(HeaderAggregateType, msg.AggregateType)
+	m.Header.Set(HeaderAggregateID, msg.AggregateID)
+	m.Header.Set(HeaderAggregateSeq, strconv.FormatInt(msg.AggregateSeq, 10))
+	m.Header.Set(HeaderEventType, msg.EventType)
+	m.Data = msg.Payload
+	if _, err := n.js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("broker: publish to %s: %w", m.Subject, err)
+	}
+	return nil
+}
+
+// Subscribe consumes on a durable pull consumer named consumer, one message
+// at a time so per-aggregate order is kept, until ctx ends.
+func (n *NATS) Subscribe(ctx context.Context, consumer string, h Handler) error {
+	if err := checkConsumer(consumer); err != nil {
+		return err
+	}
+	cons, err := n.js.CreateOrUpdateConsumer(ctx, n.stream, jetstream.ConsumerConfig{
+		Durable:       consumer,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		FilterSubject: n.prefix + ".>",
+		AckWait:       n.ackWait,
+		MaxAckPending: 1000,
+	})
+	if err != nil {
+		return fmt.Errorf("broker: create consumer %s: %w", consumer, err)
+	}
+	// A small prefetch: messages waiting in this client count against their
+	// ack wait while earlier ones are handled.
+	it, err := cons.Messages(jetstream.PullMaxMessages(64))
+	if err != nil {
+		return fmt.Errorf("broker: consume %s: %w", consumer, err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		jm, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("broker: next message: %w", err)
+		}
+		msg := fromNATS(jm)
+		if herr := handleInPlace(ctx, h, msg, func() { _ = jm.InProgress() }); herr != nil {
+			// Stopped while the effect was failing: hand it back for later.
+			_ = jm.Nak()
+			continue
+		}
+		// DoubleAck waits for the server to confirm the ack, so a message is
+		// not redelivered after we return (it would only be a duplicate).
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = jm.DoubleAck(actx)
+		cancel()
+	}
+}
+
+func fromNATS(jm jetstream.Msg) Message {
+	h := jm.Headers()
+	seq, _ := strconv.ParseInt(h.Get(HeaderAggregateSeq), 10, 64)
+	msg := Message{
+		ID:            h.Get(jetstream.MsgIDHeader),
+		AggregateType: h.Get(HeaderAggregateType),
+		AggregateID:   h.Get(HeaderAggregateID),
+		AggregateSeq:  seq,
+		EventType:     h.Get(HeaderEventType),
+		Payload:       jm.Data(),
+	}
+	if i := strings.IndexByte(jm.Subject(), '.'); i >= 0 {
+		msg.Topic = jm.Subject()[i+1:]
+	}
+	for k := range h {
+		switch k {
+		case jetstream.MsgIDHeader, HeaderAggregateType, HeaderAggregateID, HeaderAggregateSeq, HeaderEventType:
+			continue
+		}
+		if msg.Headers == nil {
+			msg.Headers = map[string]string{}
+		}
+		msg.Headers[k] = h.Get(k)
+	}
+	return msg
+}
+
+// Close drains nothing: the publisher waits for acks, so there is nothing
+// buffered to lose.
+func (n *NATS) Close() error {
+	n.nc.Close()
+	return nil
+}

@@ -1,0 +1,316 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrUnroutable reports a message the exchange could route to no queue: the
+// broker confirmed it but nobody will ever read it, so it is not published.
+var ErrUnroutable = errors.New("broker: message routed to no queue")
+
+// Rabbit publishes to a durable topic exchange with publisher confirms and
+// consumes from durable queues bound to it.
+type Rabbit struct {
+	url      string
+	exchange string
+
+	mu       sync.Mutex
+	conn     *amqp.Connection
+	pub      *amqp.Channel
+	returns  chan amqp.Return
+	returned map[string]bool // message ids the broker returned as unroutable
+}
+
+// OpenRabbit connects to RabbitMQ and declares the exchange.
+func OpenRabbit(ctx context.Context, rawURL string, opts Options) (*Rabbit, error) {
+	ns, err := opts.namespace()
+	if err != nil {
+		return nil, err
+	}
+	r := &Rabbit{url: rawURL, exchange: ns, returned: map[string]bool{}}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, err := r.channelLocked(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Exchange is the topic exchange messages are published to.
+func (r *Rabbit) Exchange() string { return r.exchange }
+
+// Queue is the durable queue of a consumer.
+func (r *Rabbit) Queue(consumer string) string { return r.exchange + "." + consumer }
+
+// channelLocked returns the publishing channel, redialling after a lost
+// connection (amqp091 does not reconnect by itself).
+func (r *Rabbit) channelLocked() (*amqp.Channel, error) {
+	if r.pub != nil && !r.pub.IsClosed() {
+		return r.pub, nil
+	}
+	if r.conn == nil || r.conn.IsClosed() {
+		conn, err := amqp.DialConfig(r.url, amqp.Config{Heartbeat: 10 * time.Second, Properties: amqp.Table{"connection_name": "sluice"}})
+		if err != nil {
+			return nil, fmt.Errorf("broker: connect to RabbitMQ: %w", err)
+		}
+		r.conn = conn
+	}
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("broker: open channel: %w", err)
+	}
+	if err := ch.ExchangeDeclare(r.exchange, "topic", true, false, false, false, nil); err != nil {
+		ch.Close()
+		return nil, fmt.Errorf("broker: declare exchange %s: %w", r.exchange, err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		ch.Close()
+		return nil, fmt.Errorf("broker: enable publisher confirms: %w", err)
+	}
+	// Buffered: the client hands a basic.return over before it processes the
+	// ack of the same message, so after a confirm the return (if any) is
+	// already in this buffer.
+	r.returns = ch.NotifyReturn(make(chan amqp.Return, 1024))
+	r.pub = ch
+	return ch, nil
+}
+
+// drainReturnsLocked moves buffered returns into r.returned.
+func (r *Rabbit) drainReturnsLocked() {
+	for {
+		select {
+		case ret, ok := <-r.returns:
+			if !ok {
+				return
+			}
+			r.returned[ret.MessageId] = true
+		default:
+			return
+		}
+	}
+}
+
+// Publish sends msg as a persistent, mandatory message and waits for the
+// broker's confirm. MessageId is the event id; the aggregate travels in
+// headers (AMQP has no property for it).
+func (r *Rabbit) Publish(ctx context.Context, msg Message) error {
+	r.mu.Lock()
+	ch, err := r.channelLocked()
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	headers := amqp.Table{
+		HeaderAggregateType: msg.AggregateType,
+		HeaderAggregateID:   msg.AggregateID,
+		HeaderAggregateSeq:  strconv.FormatInt(msg.AggregateSeq, 10),
+		HeaderEventType:     msg.EventType,
+	}
+	for k, v := range msg.Headers {
+		headers[k] = v
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, r.exchange, msg.Topic, true, false, amqp.Publishing{
+		MessageId:    msg.ID,
+		Type:         msg.EventType,
+		ContentType:  "application/json",
+		DeliveryMode: amqp.Persistent,
+		Timestamp:    time.Now(),
+		Headers:      headers,
+		Body:         msg.Payload,
+	})
+	if err != nil {
+		return fmt.Errorf("broker: publish to %s/%s: %w", r.exchange, msg.Topic, err)
+	}
+	acked, err := dc.WaitContext(ctx)
+	if err != nil {
+		return fmt.Errorf("broker: confirm of %s: %w", msg.ID, err)
+	}
+	if !acked {
+		return fmt.Errorf("broker: RabbitMQ refused (nack) %s", msg.ID)
+	}
+	r.mu.Lock()
+	r.drainReturnsLocked()
+	unroutable := r.returned[msg.ID]
+	delete(r.returned, msg.ID)
+	r.mu.Unlock()
+	if unroutable {
+		return fmt.Errorf("%w: exchange %s, routing key %s", ErrUnroutable, r.exchange, msg.Topic)
+	}
+	return nil
+}
+
+// DeclareQueue declares consumer's durable queue bound to every topic of the
+// exchange. Subscribe does it too; call it first when publishing may start
+// before the consumer does (mandatory publishes to no queue are refused).
+func (r *Rabbit) DeclareQueue(consumer string) error {
+	if err := checkConsumer(consumer); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, err := r.channelLocked(); err != nil {
+		return err
+	}
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("broker: open channel: %w", err)
+	}
+	defer ch.Close()
+	return r.declareQueue(ch, consumer)
+}
+
+func (r *Rabbit) declareQueue(ch *amqp.Channel, consumer string) error {
+	q := r.Queue(consumer)
+	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("broker: declare queue %s: %w", q, err)
+	}
+	if err := ch.QueueBind(q, "#", r.exchange, false, nil); err != nil {
+		return fmt.Errorf("broker: bind queue %s: %w", q, err)
+	}
+	return nil
+}
+
+// Subscribe consumes consumer's durable queue one message at a time (so
+// per-aggregate order is kept) until ctx ends, reconnecting after a lost
+// connection.
+func (r *Rabbit) Subscribe(ctx context.Context, consumer string, h Handler) error {
+	if err := checkConsumer(consumer); err != nil {
+		return err
+	}
+	for {
+		err := r.consume(ctx, consumer, h)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			err = errors.New("delivery channel closed")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (r *Rabbit) consume(ctx context.Context, consumer string, h Handler) error {
+	r.mu.Lock()
+	if _, err := r.channelLocked(); err != nil {
+		r.mu.Unlock()
+		return err
+	}
+	ch, err := r.conn.Channel()
+	r.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("broker: open channel: %w", err)
+	}
+	defer ch.Close()
+	if err := r.declareQueue(ch, consumer); err != nil {
+		return err
+	}
+	if err := ch.Qos(1, 0, false); err != nil {
+		return fmt.Errorf("broker: qos: %w", err)
+	}
+	// Plain Consume with our own tag, cancelled by us before the channel
+	// closes: ConsumeWithContext cancels from a goroutine of its own, and a
+	// Cancel racing our Close on one channel can leave Close waiting forever.
+	tag := "sluice-" + consumer + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	deliveries, err := ch.Consume(r.Queue(consumer), tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("broker: consume %s: %w", r.Queue(consumer), err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			_ = ch.Cancel(tag, false)
+			// Hand back what was prefetched; the channel's close requeues it too.
+			for d := range deliveries {
+				_ = d.Nack(false, true)
+			}
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				return nil
+			}
+			if herr := handleInPlace(ctx, h, fromAMQP(d), nil); herr != nil {
+				// Stopped while the effect was failing: back to the queue.
+				_ = d.Nack(false, true)
+				continue
+			}
+			if err := d.Ack(false); err != nil {
+				return fmt.Errorf("broker: ack: %w", err)
+			}
+		}
+	}
+}
+
+func fromAMQP(d amqp.Delivery) Message {
+	str := func(k string) string {
+		s, _ := d.Headers[k].(string)
+		return s
+	}
+	seq, _ := strconv.ParseInt(str(HeaderAggregateSeq), 10, 64)
+	msg := Message{
+		ID:            d.MessageId,
+		Topic:         d.RoutingKey,
+		AggregateType: str(HeaderAggregateType),
+		AggregateID:   str(HeaderAggregateID),
+		AggregateSeq:  seq,
+		EventType:     d.Type,
+		Payload:       d.Body,
+	}
+	for k, v := range d.Headers {
+		switch k {
+		case HeaderAggregateType, HeaderAggregateID, HeaderAggregateSeq, HeaderEventType:
+			continue
+		}
+		if s, ok := v.(string); ok {
+			if msg.Headers == nil {
+				msg.Headers = map[string]string{}
+			}
+			msg.Headers[k] = s
+		}
+	}
+	return msg
+}
+
+// Close closes the connection.
+func (r *Rabbit) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conn != nil && !r.conn.IsClosed() {
+		return r.conn.Close()
+	}
+	return nil
+}
+
+// DeleteNamespace removes the exchange and the queues of consumers (tests
+// and the demo clean up after themselves with it).
+func (r *Rabbit) DeleteNamespace(consumers ...string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, err := r.channelLocked(); err != nil {
+		return err
+	}
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("broker: open channel: %w", err)
+	}
+	defer ch.Close()
+	for _, c := range consumers {
+		if _, err := ch.QueueDelete(r.Queue(c), false, false, false); err != nil {
+			return fmt.Errorf("broker: delete queue %s: %w", r.Queue(c), err)
+		}
+	}
+	if err := ch.ExchangeDelete(r.exchange, false, false); err != nil {
+		return fmt.Errorf("broker: delete exchange %s: %w", r.exchange, err)
+	}
+	return nil
+}

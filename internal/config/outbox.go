@@ -1,0 +1,157 @@
+package config
+
+import (
+	"strings"
+	"time"
+)
+
+// Broker names the message broker (relay, consume).
+type Broker struct {
+	URL       string // BROKER_URL: nats://… (JetStream) or amqp://… (RabbitMQ)
+	Namespace string // BROKER_NAMESPACE: NATS subject prefix and stream / RabbitMQ exchange
+}
+
+// RegisterBroker adds the broker flags.
+func RegisterBroker(f *Flags, b *Broker) {
+	f.String(&b.URL, "broker-url", "BROKER_URL", "", "nats://host:4222 (NATS JetStream) or amqp://user:pass@host:5672/ (RabbitMQ)")
+	f.String(&b.Namespace, "broker-namespace", "BROKER_NAMESPACE", "sluice", "NATS subject prefix and stream name / RabbitMQ exchange name")
+}
+
+// Validate checks the broker settings.
+func (b *Broker) Validate(ck *Check) {
+	if strings.TrimSpace(b.URL) == "" {
+		ck.Failf("BROKER_URL is required (nats://… for NATS JetStream or amqp://… for RabbitMQ)")
+	} else {
+		ck.URL("BROKER_URL", b.URL, "nats", "tls", "amqp", "amqps")
+	}
+	if b.Namespace == "" {
+		ck.Failf("BROKER_NAMESPACE must not be empty")
+	}
+}
+
+// Relay configures `console relay`.
+type Relay struct {
+	Common
+	Broker
+	MetricsAddr        string
+	BatchSize          int
+	Lease              time.Duration
+	PollInterval       time.Duration
+	MaxAttempts        int
+	BackoffBase        time.Duration
+	BackoffCap         time.Duration
+	Ordering           bool
+	PublishConcurrency int
+}
+
+// Register adds the relay's flags.
+func (c *Relay) Register(f *Flags) {
+	RegisterCommon(f, &c.Common)
+	RegisterBroker(f, &c.Broker)
+	f.String(&c.MetricsAddr, "metrics-addr", "METRICS_ADDR", "", "serve /metrics on this host:port (empty: no metrics listener)")
+	f.Int(&c.BatchSize, "batch-size", "RELAY_BATCH_SIZE", 100, "events claimed per statement")
+	f.Duration(&c.Lease, "lease", "RELAY_LEASE", 30*time.Second, "how long a claim is held before another relay may take it over")
+	f.Duration(&c.PollInterval, "poll-interval", "RELAY_POLL_INTERVAL", time.Second, "longest idle sleep between claims (LISTEN/NOTIFY wakes the relay earlier)")
+	f.Int(&c.MaxAttempts, "max-attempts", "RELAY_MAX_ATTEMPTS", 10, "failed publish attempts before an event goes dead")
+	f.Duration(&c.BackoffBase, "backoff-base", "RELAY_BACKOFF_BASE", time.Second, "delay after the first failed attempt (doubles per attempt, jittered)")
+	f.Duration(&c.BackoffCap, "backoff-cap", "RELAY_BACKOFF_CAP", 5*time.Minute, "largest delay between attempts")
+	f.Bool(&c.Ordering, "ordering", "RELAY_ORDERING", true, "hold an event back while an earlier event of its aggregate is pending")
+	f.Int(&c.PublishConcurrency, "publish-concurrency", "RELAY_PUBLISH_CONCURRENCY", 8, "aggregates published in parallel within a batch")
+}
+
+// Validate checks the relay's settings.
+func (c *Relay) Validate() error {
+	var ck Check
+	c.Common.Validate(&ck)
+	c.Broker.Validate(&ck)
+	ck.Addr("METRICS_ADDR", c.MetricsAddr)
+	ck.Positive("RELAY_BATCH_SIZE", c.BatchSize)
+	if c.BatchSize > 10000 {
+		ck.Failf("RELAY_BATCH_SIZE must be at most 10000 (got %d): a claim should stay a short statement", c.BatchSize)
+	}
+	ck.PositiveDuration("RELAY_LEASE", c.Lease)
+	ck.PositiveDuration("RELAY_POLL_INTERVAL", c.PollInterval)
+	ck.Positive("RELAY_MAX_ATTEMPTS", c.MaxAttempts)
+	ck.PositiveDuration("RELAY_BACKOFF_BASE", c.BackoffBase)
+	ck.PositiveDuration("RELAY_BACKOFF_CAP", c.BackoffCap)
+	if c.BackoffCap < c.BackoffBase {
+		ck.Failf("RELAY_BACKOFF_CAP (%s) must not be below RELAY_BACKOFF_BASE (%s)", c.BackoffCap, c.BackoffBase)
+	}
+	ck.Positive("RELAY_PUBLISH_CONCURRENCY", c.PublishConcurrency)
+	if c.Lease > 0 && c.Lease < time.Second {
+		ck.Failf("RELAY_LEASE must be at least 1s (got %s): a publish must fit well inside it", c.Lease)
+	}
+	return ck.Err()
+}
+
+// Consume configures `console consume`.
+type Consume struct {
+	Common
+	Broker
+	MetricsAddr string
+	Consumer    string
+}
+
+// Register adds the consumer's flags.
+func (c *Consume) Register(f *Flags) {
+	RegisterCommon(f, &c.Common)
+	RegisterBroker(f, &c.Broker)
+	f.String(&c.MetricsAddr, "metrics-addr", "METRICS_ADDR", "", "serve /metrics on this host:port (empty: no metrics listener)")
+	f.String(&c.Consumer, "consumer", "CONSUMER_NAME", "reference", "durable subscription and inbox consumer name (A-Z, a-z, 0-9, _ and -)")
+}
+
+// Validate checks the consumer's settings.
+func (c *Consume) Validate() error {
+	var ck Check
+	c.Common.Validate(&ck)
+	c.Broker.Validate(&ck)
+	ck.Addr("METRICS_ADDR", c.MetricsAddr)
+	if !validConsumerName(c.Consumer) {
+		ck.Failf("CONSUMER_NAME: %q must be 1–64 of A-Z, a-z, 0-9, _ and -", c.Consumer)
+	}
+	return ck.Err()
+}
+
+func validConsumerName(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Prune configures `console prune`.
+type Prune struct {
+	Common
+	OutboxRetention time.Duration
+	InboxRetention  time.Duration
+	BatchSize       int
+}
+
+// MaxPruneBatch bounds PRUNE_BATCH_SIZE: one DELETE stays a short statement.
+const MaxPruneBatch = 5000
+
+// Register adds the pruning flags.
+func (c *Prune) Register(f *Flags) {
+	RegisterCommon(f, &c.Common)
+	f.Duration(&c.OutboxRetention, "outbox-retention", "OUTBOX_RETENTION", 7*24*time.Hour, "keep published outbox events this long")
+	f.Duration(&c.InboxRetention, "inbox-retention", "INBOX_RETENTION", 7*24*time.Hour, "keep processed inbox message ids this long (must exceed the longest redelivery delay)")
+	f.Int(&c.BatchSize, "batch-size", "PRUNE_BATCH_SIZE", 1000, "rows deleted per statement (at most 5000)")
+}
+
+// Validate checks the pruning settings.
+func (c *Prune) Validate() error {
+	var ck Check
+	c.Common.Validate(&ck)
+	ck.PositiveDuration("OUTBOX_RETENTION", c.OutboxRetention)
+	ck.PositiveDuration("INBOX_RETENTION", c.InboxRetention)
+	ck.Positive("PRUNE_BATCH_SIZE", c.BatchSize)
+	if c.BatchSize > MaxPruneBatch {
+		ck.Failf("PRUNE_BATCH_SIZE must be at most %d (got %d)", MaxPruneBatch, c.BatchSize)
+	}
+	return ck.Err()
+}

@@ -1,0 +1,89 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+)
+
+// Effect applies one message inside the inbox's transaction.
+type Effect func(ctx context.Context, tx pgx.Tx, msg broker.Message) error
+
+// Consumer subscribes a named consumer to a broker and applies Effect once
+// per message through the inbox: `console consume` and the demo run it.
+type Consumer struct {
+	Inbox  *Inbox
+	Name   string // durable subscription and inbox consumer name
+	Effect Effect // nil: RecordEffect
+
+	applied, duplicates, stale atomic.Int64
+}
+
+// ConsumerCounts are what a Consumer did since it started.
+type ConsumerCounts struct{ Applied, Duplicates, Stale int64 }
+
+// Counts returns the running totals (the demo prints them).
+func (c *Consumer) Counts() ConsumerCounts {
+	return ConsumerCounts{Applied: c.applied.Load(), Duplicates: c.duplicates.Load(), Stale: c.stale.Load()}
+}
+
+// Run consumes until ctx ends.
+func (c *Consumer) Run(ctx context.Context, sub broker.Subscriber) error {
+	return sub.Subscribe(ctx, c.Name, c.Handle)
+}
+
+// Handle is the broker.Handler: messages carrying an aggregate sequence go
+// through HandleVersioned (stale ones dropped), others through Handle. An
+// error leaves the message unacknowledged; the subscriber tries it again.
+func (c *Consumer) Handle(ctx context.Context, msg broker.Message) error {
+	effect := c.Effect
+	if effect == nil {
+		effect = RecordEffect(c.Name)
+	}
+	fn := func(tx pgx.Tx) error { return effect(ctx, tx, msg) }
+	var (
+		res Result
+		err error
+	)
+	if msg.AggregateSeq > 0 && msg.AggregateType != "" && msg.AggregateID != "" {
+		res, err = c.Inbox.HandleVersioned(ctx, c.Name, msg.ID,
+			Version{AggregateType: msg.AggregateType, AggregateID: msg.AggregateID, Seq: msg.AggregateSeq}, fn)
+	} else {
+		res, err = c.Inbox.Handle(ctx, c.Name, msg.ID, fn)
+	}
+	if err != nil {
+		// The subscriber retries this message in place; say why it waits.
+		c.Inbox.log.Warn("inbox: effect failed; will retry", "consumer", c.Name, "message_id", msg.ID, "err", err)
+		return fmt.Errorf("inbox: consumer %s, message %s: %w", c.Name, msg.ID, err)
+	}
+	switch res {
+	case Applied:
+		c.applied.Add(1)
+	case Duplicate:
+		c.duplicates.Add(1)
+	case Stale:
+		c.stale.Add(1)
+	}
+	return nil
+}
+
+// RecordEffect is the reference consumer's effect: one consume_effect row
+// per applied event (no payload: it may carry encrypted personal data). The
+// table has no unique key on the event id on purpose, so an effect applied
+// twice would be visible as two rows.
+func RecordEffect(consumer string) Effect {
+	return func(ctx context.Context, tx pgx.Tx, msg broker.Message) error {
+		_, err := tx.Exec(ctx, `
+			INSERT INTO consume_effect (consumer, event_id, topic, event_type, aggregate_type, aggregate_id, aggregate_seq)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+			consumer, msg.ID, msg.Topic, msg.EventType, msg.AggregateType, msg.AggregateID, msg.AggregateSeq)
+		if err != nil {
+			return fmt.Errorf("record effect of %s: %w", msg.ID, err)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,79 @@
+package outbox
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+)
+
+// The claim must read the partial index of pending rows in its own order, so
+// a batch costs about the rows it takes, however much history the table has.
+func TestClaimPlanUsesThePendingIndex(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	// 50,000 published rows of history and 2,000 pending.
+	_, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, published_at)
+		SELECT gen_random_uuid(), 'plan', 'a' || (g % 1000), g, 't', 'plan.v1', '{}'::jsonb,
+		       CASE WHEN g <= 50000 THEN 'published' ELSE 'pending' END,
+		       CASE WHEN g <= 50000 THEN now() END
+		  FROM generate_series(1, 52000) g`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE outbox_event`); err != nil {
+		t.Fatal(err)
+	}
+	type variant struct {
+		ordered, generic bool
+	}
+	// pgx prepares statements, and after a few runs PostgreSQL may switch a
+	// prepared statement to its generic plan: check that one too.
+	for _, v := range []variant{{true, false}, {false, false}, {true, true}} {
+		ordered := v.ordered
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rows pgx.Rows
+		if v.generic {
+			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, "PREPARE claim_generic (timestamptz, bigint, bigint, uuid) AS "+claimSQL(ordered)); err != nil {
+				t.Fatal(err)
+			}
+			rows, err = tx.Query(ctx, `EXPLAIN EXECUTE claim_generic (NULL, 100, 30000000, '00000000-0000-0000-0000-000000000001')`)
+		} else {
+			rows, err = tx.Query(ctx, "EXPLAIN "+claimSQL(ordered), nil, 100, int64(30_000_000), "00000000-0000-0000-0000-000000000001")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, line)
+		}
+		_ = tx.Rollback(ctx)
+		text := strings.Join(plan, "\n")
+		t.Logf("claim plan (ordered=%v, generic=%v):\n%s", ordered, v.generic, text)
+		if !strings.Contains(text, "Index Scan using outbox_event_pending_idx") {
+			t.Fatalf("ordered=%v: the claim does not walk outbox_event_pending_idx:\n%s", ordered, text)
+		}
+		if strings.Contains(text, "Sort") || strings.Contains(text, "Seq Scan") {
+			t.Fatalf("ordered=%v: the claim sorts or scans the table:\n%s", ordered, text)
+		}
+		if ordered && !strings.Contains(text, "outbox_event_pending_aggregate_idx") {
+			t.Fatalf("the ordering check does not probe outbox_event_pending_aggregate_idx:\n%s", text)
+		}
+	}
+}

@@ -1,0 +1,586 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+)
+
+// Publisher is what the relay needs from a broker.
+type Publisher interface {
+	Publish(ctx context.Context, msg broker.Message) error
+}
+
+// RelayConfig tunes a Relay. The zero value of every field is its default.
+type RelayConfig struct {
+	Name               string        // for logs (default "relay")
+	BatchSize          int           // events claimed per statement (default 100)
+	Lease              time.Duration // how long a claim is held before another relay may take over (default 30s)
+	PollInterval       time.Duration // longest sleep between claims when idle (default 1s)
+	MaxAttempts        int           // failed attempts before an event goes dead (default 10)
+	Backoff            Backoff       // delay after a failed attempt
+	DisableOrdering    bool          // true: do not hold an event back behind an earlier pending event of its aggregate
+	PublishConcurrency int           // aggregates published in parallel within a batch (default 8)
+	PublishTimeout     time.Duration // per publish; at most Lease/2, else Lease/3 (the default)
+	DisableListen      bool          // true: poll only, no LISTEN wake-up
+	// Now is the relay's clock. Nil means the database clock
+	// (statement_timestamp()), so relays on hosts with skewed clocks agree on
+	// leases; tests inject a clock so leases and backoff expire without sleeping.
+	Now func() time.Time
+}
+
+func (c RelayConfig) withDefaults() RelayConfig {
+	if c.Name == "" {
+		c.Name = "relay"
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 100
+	}
+	if c.Lease <= 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = time.Second
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 10
+	}
+	c.Backoff = c.Backoff.withDefaults()
+	if c.PublishConcurrency <= 0 {
+		c.PublishConcurrency = 8
+	}
+	if c.PublishTimeout <= 0 || c.PublishTimeout > c.Lease/2 {
+		c.PublishTimeout = c.Lease / 3
+	}
+	return c
+}
+
+// Relay moves committed outbox events to the broker, at least once:
+// claim a batch under a lease (one statement), publish outside any
+// transaction, then mark published only where the lease token is still ours.
+// Run as many relays as you like, on as many hosts as you like.
+type Relay struct {
+	pool *pgxpool.Pool
+	pub  Publisher
+	cfg  RelayConfig
+	log  *slog.Logger
+	m    *metrics
+
+	claimSQL string
+	stats    relayCounters
+}
+
+type relayCounters struct {
+	claimed, published, failed, dead, leaseExpired, lost atomic.Int64
+}
+
+// RelayStats are a relay's running totals since it was made.
+type RelayStats struct {
+	Claimed      int64 // events claimed
+	Published    int64 // events published and marked
+	Failed       int64 // failed publish attempts
+	Dead         int64 // events this relay dead-lettered
+	LeaseExpired int64 // claims that took over an expired lease
+	Lost         int64 // published events whose mark found another relay's token: duplicates
+}
+
+// NewRelay builds a relay publishing through pub. Metrics are registered on
+// reg (nil: not exported); log may be nil.
+func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig, log *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
+	if pool == nil || pub == nil {
+		return nil, errors.New("outbox: relay needs a pool and a publisher")
+	}
+	cfg = cfg.withDefaults()
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: metrics: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Relay{
+		pool: pool, pub: pub, cfg: cfg, m: m,
+		log:      log.With("relay", cfg.Name),
+		claimSQL: claimSQL(!cfg.DisableOrdering),
+	}, nil
+}
+
+// Config is the relay's effective configuration (defaults filled in).
+func (r *Relay) Config() RelayConfig { return r.cfg }
+
+// Stats returns the relay's running totals.
+func (r *Relay) Stats() RelayStats {
+	return RelayStats{
+		Claimed: r.stats.claimed.Load(), Published: r.stats.published.Load(),
+		Failed: r.stats.failed.Load(), Dead: r.stats.dead.Load(),
+		LeaseExpired: r.stats.leaseExpired.Load(), Lost: r.stats.lost.Load(),
+	}
+}
+
+// claimSQL is the one claiming statement. The inner SELECT walks
+// outbox_event_pending_idx in its own order (ORDER BY id over the partial
+// index of pending rows), so a batch reads only about the rows it takes, and
+// FOR UPDATE SKIP LOCKED lets concurrent relays take disjoint batches. Under
+// READ COMMITTED a row another relay claimed after our snapshot is re-checked
+// against its newest version once locked, and dropped: its lease is live.
+// prev_lock is the lease being replaced: non-null means an expired lease.
+//
+// With ordering, an event is eligible only when no earlier event of its
+// aggregate is still pending (outbox_event_pending_aggregate_idx answers that
+// with one index probe), so a batch holds at most one event per aggregate and
+// the next one is claimed only after this one is marked published.
+func claimSQL(ordered bool) string {
+	orderClause := ""
+	if ordered {
+		orderClause = `
+		  AND NOT EXISTS (
+		        SELECT 1 FROM outbox_event p
+		         WHERE p.status = 'pending'
+		           AND p.aggregate_type = c.aggregate_type
+		           AND p.aggregate_id = c.aggregate_id
+		           AND p.aggregate_seq < c.aggregate_seq)`
+	}
+	return `
+	WITH claim AS (
+		SELECT c.id, c.locked_until AS prev_lock
+		  FROM outbox_event c
+		 WHERE c.status = 'pending'
+		   AND c.available_at <= coalesce($1::timestamptz, statement_timestamp())
+		   AND (c.locked_until IS NULL OR c.locked_until < coalesce($1::timestamptz, statement_timestamp()))` + orderClause + `
+		 ORDER BY c.id
+		 LIMIT $2
+		 FOR UPDATE OF c SKIP LOCKED
+	)
+	UPDATE outbox_event e
+	   SET locked_until = coalesce($1::timestamptz, statement_timestamp()) + $3::bigint * interval '1 microsecond',
+	       lock_token = $4,
+	       attempts = e.attempts + 1
+	  FROM claim
+	 WHERE e.id = claim.id
+	RETURNING e.id, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.topic, e.event_type,
+	          e.payload, e.headers, e.attempts, claim.prev_lock IS NOT NULL`
+}
+
+// claimed is one event this relay holds under its lease.
+type claimed struct {
+	ID            uuid.UUID
+	AggregateType string
+	AggregateID   string
+	AggregateSeq  int64
+	Topic         string
+	EventType     string
+	Payload       []byte
+	Headers       map[string]string
+	Attempts      int
+}
+
+func (c claimed) message() broker.Message {
+	return broker.Message{
+		ID: c.ID.String(), Topic: c.Topic,
+		AggregateType: c.AggregateType, AggregateID: c.AggregateID, AggregateSeq: c.AggregateSeq,
+		EventType: c.EventType, Payload: c.Payload, Headers: c.Headers,
+	}
+}
+
+// BatchResult says what one RunOnce did.
+type BatchResult struct {
+	Claimed      int // events claimed
+	Published    int // published and marked
+	Failed       int // publish failed: backed off (or dead, counted in Dead too)
+	Dead         int // dead-lettered in this batch
+	Deferred     int // not attempted: an earlier event of the aggregate failed in this batch, or shutdown
+	Lost         int // published, but the mark found the lease gone: another relay owns them now
+	LeaseExpired int // claimed rows whose previous lease had expired
+}
+
+// nowArg is the claim's clock: nil lets the database decide.
+func (r *Relay) nowArg() *time.Time {
+	if r.cfg.Now == nil {
+		return nil
+	}
+	t := r.cfg.Now()
+	return &t
+}
+
+// claim takes up to BatchSize eligible events under a fresh lease token.
+func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, error) {
+	rows, err := r.pool.Query(ctx, r.claimSQL, r.nowArg(), r.cfg.BatchSize, r.cfg.Lease.Microseconds(), token)
+	if err != nil {
+		return nil, 0, fmt.Errorf("outbox: claim: %w", err)
+	}
+	defer rows.Close()
+	var (
+		out     []claimed
+		expired int
+	)
+	for rows.Next() {
+		var (
+			c         claimed
+			headers   []byte
+			wasLeased bool
+		)
+		if err := rows.Scan(&c.ID, &c.AggregateType, &c.AggregateID, &c.AggregateSeq, &c.Topic, &c.EventType,
+			&c.Payload, &headers, &c.Attempts, &wasLeased); err != nil {
+			return nil, 0, fmt.Errorf("outbox: claim: %w", err)
+		}
+		if len(headers) > 2 {
+			if err := json.Unmarshal(headers, &c.Headers); err != nil {
+				// Headers are written by Insert as a string map; anything
+				// else is published without them rather than blocking the row.
+				r.log.Warn("outbox: unreadable headers", "id", c.ID, "err", err)
+			}
+		}
+		if wasLeased {
+			expired++
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("outbox: claim: %w", err)
+	}
+	return out, expired, nil
+}
+
+type failure struct {
+	ev  claimed
+	err error
+}
+
+type outcome struct {
+	mu          sync.Mutex
+	published   []claimed
+	failed      []failure
+	deferred    []claimed // held back behind a failed earlier event of their aggregate
+	interrupted []claimed // not attempted (shutdown, lease running out): released as they were
+}
+
+// RunOnce claims one batch, publishes it and records the outcome. It is the
+// relay's whole cycle; Run calls it in a loop.
+func (r *Relay) RunOnce(ctx context.Context) (BatchResult, error) {
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return BatchResult{}, fmt.Errorf("outbox: lock token: %w", err)
+	}
+	claimedAt := time.Now()
+	batch, expired, err := r.claim(ctx, token)
+	if err != nil {
+		return BatchResult{}, err
+	}
+	res := BatchResult{Claimed: len(batch), LeaseExpired: expired}
+	r.stats.claimed.Add(int64(len(batch)))
+	if expired > 0 {
+		r.stats.leaseExpired.Add(int64(expired))
+		r.m.leaseExpired.Add(float64(expired))
+		r.log.Warn("outbox: took over expired leases", "count", expired)
+	}
+	if len(batch) == 0 {
+		return res, nil
+	}
+
+	// Stop starting publishes once the next one could outlive the lease:
+	// past that point another relay may own the rest of the batch.
+	out := r.publish(ctx, batch, claimedAt.Add(r.cfg.Lease-r.cfg.PublishTimeout))
+
+	// The outcome is recorded even when ctx was cancelled (graceful stop):
+	// marking what the broker already has saves a duplicate later.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	var errs []error
+	if n, err := r.markPublished(dctx, out.published, token); err != nil {
+		errs = append(errs, err)
+	} else {
+		res.Published = n
+		res.Lost = len(out.published) - n
+		r.stats.lost.Add(int64(res.Lost))
+	}
+	var deferDelay time.Duration
+	for _, f := range out.failed {
+		dead, delay, lost, err := r.recordFailure(dctx, f, token)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if lost {
+			res.Lost++
+			continue
+		}
+		res.Failed++
+		if dead {
+			res.Dead++
+		}
+		deferDelay = max(deferDelay, delay)
+	}
+	if err := r.release(dctx, out.deferred, token, deferDelay); err != nil {
+		errs = append(errs, err)
+	}
+	if err := r.release(dctx, out.interrupted, token, 0); err != nil {
+		errs = append(errs, err)
+	}
+	res.Deferred = len(out.deferred) + len(out.interrupted)
+	if res.Lost > 0 {
+		r.log.Warn("outbox: lease lost before mark; another relay re-claimed these events (duplicates)", "count", res.Lost)
+	}
+	return res, errors.Join(errs...)
+}
+
+// publish sends the batch: each aggregate's events in sequence order, one
+// aggregate after another in a goroutine, several aggregates at once. After a
+// failure, the aggregate's later events in this batch are not sent.
+func (r *Relay) publish(ctx context.Context, batch []claimed, stopAt time.Time) *outcome {
+	slices.SortFunc(batch, func(a, b claimed) int {
+		return cmp.Or(cmp.Compare(a.AggregateType, b.AggregateType), cmp.Compare(a.AggregateID, b.AggregateID), cmp.Compare(a.AggregateSeq, b.AggregateSeq))
+	})
+	var groups [][]claimed
+	for i, c := range batch {
+		if i == 0 || c.AggregateType != batch[i-1].AggregateType || c.AggregateID != batch[i-1].AggregateID {
+			groups = append(groups, nil)
+		}
+		groups[len(groups)-1] = append(groups[len(groups)-1], c)
+	}
+	out := &outcome{}
+	work := make(chan []claimed)
+	var wg sync.WaitGroup
+	for range min(r.cfg.PublishConcurrency, len(groups)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for g := range work {
+				r.publishGroup(ctx, g, out, stopAt)
+			}
+		}()
+	}
+	for _, g := range groups {
+		work <- g
+	}
+	close(work)
+	wg.Wait()
+	return out
+}
+
+func (r *Relay) publishGroup(ctx context.Context, g []claimed, out *outcome, stopAt time.Time) {
+	for i, ev := range g {
+		if ctx.Err() != nil || time.Now().After(stopAt) {
+			out.add(func() { out.interrupted = append(out.interrupted, g[i:]...) })
+			return
+		}
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+		start := time.Now()
+		err := r.pub.Publish(pctx, ev.message())
+		cancel()
+		r.m.duration.Observe(time.Since(start).Seconds())
+		switch {
+		case err == nil:
+			out.add(func() { out.published = append(out.published, ev) })
+		case ctx.Err() != nil:
+			// Shutdown, not the event's fault: release without an attempt.
+			out.add(func() { out.interrupted = append(out.interrupted, g[i:]...) })
+			return
+		default:
+			out.add(func() {
+				out.failed = append(out.failed, failure{ev: ev, err: err})
+				out.deferred = append(out.deferred, g[i+1:]...)
+			})
+			return
+		}
+	}
+}
+
+func (o *outcome) add(f func()) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	f()
+}
+
+// markPublished marks events published only while our lease token is still
+// on them: a relay whose lease expired and was re-claimed marks nothing.
+func (r *Relay) markPublished(ctx context.Context, evs []claimed, token uuid.UUID) (int, error) {
+	if len(evs) == 0 {
+		return 0, nil
+	}
+	ids := make([]uuid.UUID, len(evs))
+	for i, e := range evs {
+		ids[i] = e.ID
+	}
+	rows, err := r.pool.Query(ctx, `
+		UPDATE outbox_event
+		   SET status = 'published', published_at = coalesce($3::timestamptz, statement_timestamp()), locked_until = NULL
+		 WHERE id = ANY($1) AND lock_token = $2 AND status = 'pending'
+		RETURNING topic`, ids, token, r.nowArg())
+	if err != nil {
+		return 0, fmt.Errorf("outbox: mark %d published: %w", len(ids), err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var topic string
+		if err := rows.Scan(&topic); err != nil {
+			return n, fmt.Errorf("outbox: mark published: %w", err)
+		}
+		r.m.published.WithLabelValues(topic).Inc()
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return n, fmt.Errorf("outbox: mark %d published: %w", len(ids), err)
+	}
+	r.stats.published.Add(int64(n))
+	return n, nil
+}
+
+const maxErrorText = 2000
+
+// recordFailure stores the error and backs the event off, or moves it to
+// dead after its last allowed attempt. It also needs our lease token.
+func (r *Relay) recordFailure(ctx context.Context, f failure, token uuid.UUID) (dead bool, delay time.Duration, lost bool, err error) {
+	r.m.failures.Inc()
+	r.stats.failed.Add(1)
+	msg := f.err.Error()
+	if len(msg) > maxErrorText {
+		msg = msg[:maxErrorText]
+	}
+	delay = r.cfg.Backoff.Delay(f.ev.Attempts)
+	var status string
+	err = r.pool.QueryRow(ctx, `
+		WITH t AS (SELECT coalesce($5::timestamptz, statement_timestamp()) AS now)
+		UPDATE outbox_event e
+		   SET last_error   = $3,
+		       locked_until = NULL,
+		       lock_token   = NULL,
+		       status       = CASE WHEN e.attempts >= $4 THEN 'dead' ELSE 'pending' END,
+		       dead_at      = CASE WHEN e.attempts >= $4 THEN t.now END,
+		       dead_reason  = CASE WHEN e.attempts >= $4 THEN 'max attempts reached (' || e.attempts || ')' END,
+		       available_at = CASE WHEN e.attempts >= $4 THEN e.available_at
+		                           ELSE t.now + $6::bigint * interval '1 microsecond' END
+		  FROM t
+		 WHERE e.id = $1 AND e.lock_token = $2 AND e.status = 'pending'
+		RETURNING e.status`,
+		f.ev.ID, token, msg, r.cfg.MaxAttempts, r.nowArg(), delay.Microseconds()).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Our lease is gone: whoever holds the event now decides its fate.
+		r.stats.lost.Add(1)
+		return false, 0, true, nil
+	}
+	if err != nil {
+		return false, 0, false, fmt.Errorf("outbox: record failure of %s: %w", f.ev.ID, err)
+	}
+	if status == StatusDead {
+		r.m.dead.Inc()
+		r.stats.dead.Add(1)
+		r.log.Error("outbox: event dead-lettered", "id", f.ev.ID, "topic", f.ev.Topic, "attempts", f.ev.Attempts, "err", msg)
+		return true, 0, false, nil
+	}
+	r.log.Warn("outbox: publish failed; backing off", "id", f.ev.ID, "topic", f.ev.Topic, "attempts", f.ev.Attempts, "retry_in", delay, "err", msg)
+	return false, delay, false, nil
+}
+
+// release gives events back without counting an attempt, not before delay.
+func (r *Relay) release(ctx context.Context, evs []claimed, token uuid.UUID, delay time.Duration) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	ids := make([]uuid.UUID, len(evs))
+	for i, e := range evs {
+		ids[i] = e.ID
+	}
+	_, err := r.pool.Exec(ctx, `
+		UPDATE outbox_event
+		   SET locked_until = NULL, lock_token = NULL, attempts = greatest(attempts - 1, 0),
+		       available_at = greatest(available_at, coalesce($3::timestamptz, statement_timestamp()) + $4::bigint * interval '1 microsecond')
+		 WHERE id = ANY($1) AND lock_token = $2 AND status = 'pending'`,
+		ids, token, r.nowArg(), delay.Microseconds())
+	if err != nil {
+		return fmt.Errorf("outbox: release %d events: %w", len(ids), err)
+	}
+	return nil
+}
+
+// NotifyChannel is the LISTEN/NOTIFY channel that wakes relays early.
+const NotifyChannel = "sluice_outbox"
+
+// Run claims and publishes until ctx ends, then returns nil. It claims again
+// at once after a batch that was full or published anything, otherwise sleeps up to PollInterval or until a
+// NOTIFY on NotifyChannel arrives (a dedicated connection listens; polling
+// is the fallback when notifications are lost or the listener is down).
+func (r *Relay) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	if !r.cfg.DisableListen {
+		go r.listen(ctx, wake)
+	}
+	r.log.Info("outbox: relay started", "batch", r.cfg.BatchSize, "lease", r.cfg.Lease, "poll", r.cfg.PollInterval, "ordered", !r.cfg.DisableOrdering)
+	for {
+		res, err := r.RunOnce(ctx)
+		if ctx.Err() != nil {
+			r.log.Info("outbox: relay stopped", "published", r.stats.published.Load())
+			return nil
+		}
+		if err != nil {
+			r.log.Warn("outbox: relay cycle failed", "err", err)
+		} else if res.Claimed >= r.cfg.BatchSize || res.Published > 0 {
+			// A full batch means more is waiting; a published event may have
+			// unblocked the next event of its aggregate (ordering holds a
+			// batch to one event per aggregate). Either way, claim again now.
+			continue
+		}
+		t := time.NewTimer(r.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			r.log.Info("outbox: relay stopped", "published", r.stats.published.Load())
+			return nil
+		case <-wake:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// listen holds a dedicated connection in LISTEN and turns notifications into
+// (coalesced) wake-ups. A pooled connection cannot be used: LISTEN is
+// per session and the session must stay open.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx, wake)
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("outbox: listener lost; polling until it is back", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(r.cfg.PollInterval):
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
+	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+		return err
+	}
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		select {
+		case wake <- struct{}{}:
+		default: // a wake-up is already pending
+		}
+	}
+}
