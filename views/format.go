@@ -81,12 +81,15 @@ func NewSpark(label, testID, class string, values []float64, format func(float64
 	if len(values) == 0 {
 		return sp
 	}
+	// "now" is the newest snapshot itself, taken before downsampling: the
+	// last bucket's maximum would disagree with the tile beside it.
+	sp.Now = format(values[len(values)-1])
 	values = downsample(values, 120)
 	maxV := 0.0
 	for _, v := range values {
 		maxV = math.Max(maxV, v)
 	}
-	sp.Now, sp.Max = format(values[len(values)-1]), format(maxV)
+	sp.Max = format(maxV)
 	step := sparkW
 	if len(values) > 1 {
 		step = sparkW / float64(len(values)-1)

@@ -11,8 +11,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
@@ -48,6 +50,9 @@ type Deps struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry // nil: a fresh one
 	Listener net.Listener         // optional: an already bound listener (tests, the demo)
+	// MetricsListener, when set, serves /metrics instead of METRICS_ADDR
+	// (and /metrics leaves the main listener, as with METRICS_ADDR).
+	MetricsListener net.Listener
 	// SnapshotQuerier reads the live snapshot (nil: Pool). Tests wrap it to
 	// count statements.
 	SnapshotQuerier live.Querier
@@ -73,6 +78,7 @@ type App struct {
 	reg      *prometheus.Registry
 	metrics  *metrics
 	ln       net.Listener
+	mln      net.Listener
 
 	mu      sync.Mutex
 	servers []*http.Server
@@ -114,7 +120,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	}
 	a := &App{
 		cfg: cfg, pool: deps.Pool, log: deps.Logger, cookies: cookies, reg: deps.Registry,
-		origin: pub.Scheme + "://" + pub.Host, ln: deps.Listener,
+		origin: originOf(pub), ln: deps.Listener, mln: deps.MetricsListener,
 	}
 	a.sessions = auth.NewSessions(deps.Pool, cfg.SessionLifetime, cfg.SessionIdle, deps.Now)
 	a.rp, err = auth.NewRP(ctx, auth.RPConfig{
@@ -170,8 +176,8 @@ func (a *App) Run(ctx context.Context) error {
 			return fmt.Errorf("CONSOLE_ADDR: listen: %w", err)
 		}
 	}
-	var mln net.Listener
-	if a.cfg.MetricsAddr != "" {
+	mln := a.mln
+	if mln == nil && a.cfg.MetricsAddr != "" {
 		var err error
 		if mln, err = net.Listen("tcp", a.cfg.MetricsAddr); err != nil {
 			ln.Close()
@@ -200,7 +206,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	serve(ln, a.handler)
 	if mln != nil {
-		serve(mln, a.metricsHandler())
+		serve(mln, a.metricsOnly())
 	}
 	a.wg.Add(2)
 	go func() { defer a.wg.Done(); _ = a.feed.Run(ctx) }()
@@ -256,6 +262,27 @@ func (a *App) metricsHandler() http.Handler {
 	return promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{})
 }
 
+// separateMetrics reports whether /metrics has its own listener.
+func (a *App) separateMetrics() bool { return a.cfg.MetricsAddr != "" || a.mln != nil }
+
+// metricsOnly is the separate metrics listener's handler: /metrics and
+// nothing else, so that port never answers for the console's pages.
+func (a *App) metricsOnly() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", a.metricsHandler())
+	return mux
+}
+
+// Routes lists the registered routes as "METHOD /path" (tests check that
+// each one refuses anonymous callers unless the route table says public).
+func (a *App) Routes() []string {
+	var out []string
+	for _, r := range a.e.Routes() {
+		out = append(out, r.Method+" "+r.Path)
+	}
+	return out
+}
+
 func (a *App) newEcho() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -274,10 +301,33 @@ func (a *App) newEcho() *echo.Echo {
 	return e
 }
 
+// originOf serializes u's origin the way browsers send it in the Origin
+// header (lower case, no default port), so the websocket's exact match
+// does not refuse every browser when CONSOLE_PUBLIC_URL is spelled
+// https://Console.Example.com:443.
+func originOf(u *url.URL) string {
+	scheme, host, port := strings.ToLower(u.Scheme), strings.ToLower(u.Hostname()), u.Port()
+	if scheme == "https" && port == "443" || scheme == "http" && port == "80" {
+		port = ""
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]" // IPv6 literal
+	}
+	if port != "" {
+		host += ":" + port
+	}
+	return scheme + "://" + host
+}
+
 func requestMeta(c echo.Context) auth.RequestMeta {
 	ua := c.Request().UserAgent()
 	if len(ua) > 512 {
-		ua = ua[:512]
+		// Cut on a rune boundary: half a character is invalid UTF-8.
+		n := 512
+		for n > 0 && !utf8.RuneStart(ua[n]) {
+			n--
+		}
+		ua = ua[:n]
 	}
 	return auth.RequestMeta{IP: c.RealIP(), UserAgent: ua, RequestID: requestIDOf(c)}
 }

@@ -99,18 +99,31 @@ func (a *App) handleError(err error, c echo.Context) {
 func (a *App) crossOriginDenied(w http.ResponseWriter, r *http.Request) {
 	c := a.e.NewContext(r, w)
 	_ = requestID(func(echo.Context) error { return nil })(c)
-	path := r.URL.Path
-	if len(path) > 200 {
-		path = path[:200]
+	a.setSecurityHeaders(w.Header())
+	// The audit names the route template, never the raw path: the path is
+	// attacker data of any length.
+	a.e.Router().Find(r.Method, echo.GetPath(r), c)
+	route := c.Path()
+	if route == "" {
+		route = "unmatched"
 	}
-	if err := auth.RecordDenied(r.Context(), a.pool, nil, requestMeta(c), r.Method+" "+path, "cross_origin"); err != nil {
+	if err := auth.RecordDenied(r.Context(), a.pool, nil, requestMeta(c), methodName(r.Method)+" "+route, "cross_origin"); err != nil {
 		a.log.Error("audit of a cross-origin refusal failed", "err", err)
 	}
 	a.metrics.actions.WithLabelValues("request", "denied").Inc()
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusForbidden)
 	_, _ = w.Write([]byte("Forbidden: cross-origin request (request id " + requestIDOf(c) + ")\n"))
+}
+
+// methodName bounds the method for the audit trail (any token is a valid
+// HTTP method).
+func methodName(m string) string {
+	switch m {
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+		return m
+	}
+	return "OTHER"
 }
 
 // render writes a templ component through a buffer, so a rendering error

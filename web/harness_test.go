@@ -46,11 +46,14 @@ type harness struct {
 	app     *web.App
 	base    string
 	counter *countingQuerier
+	metrics string // base URL of the separate metrics listener, if any
 }
 
 type options struct {
 	tick    time.Duration
 	recheck time.Duration
+	metrics bool                            // serve /metrics on a separate listener (METRICS_ADDR)
+	wrap    func(net.Listener) net.Listener // wraps the console's listener (socket options)
 }
 
 // start runs the development provider and the real console on port 0.
@@ -63,6 +66,17 @@ func start(t *testing.T, o options) *harness {
 		t.Fatal(err)
 	}
 	base := "http://" + ln.Addr().String()
+	if o.wrap != nil {
+		ln = o.wrap(ln)
+	}
+	var mln net.Listener
+	metricsBase := ""
+	if o.metrics {
+		if mln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		metricsBase = "http://" + mln.Addr().String()
+	}
 	idp, err := devoidc.Start(ctx, devoidc.Config{
 		Addr: "127.0.0.1:0", ClientID: "console", ClientSecret: "console-secret",
 		RedirectURIs: []string{base + "/auth/callback"}, PostLogoutURIs: []string{base + "/signed-out"},
@@ -81,7 +95,7 @@ func start(t *testing.T, o options) *harness {
 	app, err := web.New(ctx, web.Config{
 		PublicURL: base, OIDCIssuer: idp.Issuer(), OIDCClientID: "console", OIDCClientSecret: "console-secret",
 		RolesClaim: "groups", RoleMap: rm, Tick: o.tick, SessionRecheck: o.recheck,
-	}, web.Deps{Pool: pool, Listener: ln, SnapshotQuerier: counter})
+	}, web.Deps{Pool: pool, Listener: ln, MetricsListener: mln, SnapshotQuerier: counter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +108,7 @@ func start(t *testing.T, o options) *harness {
 		}
 		_ = idp.Close()
 	})
-	return &harness{t: t, pool: pool, idp: idp, app: app, base: base, counter: counter}
+	return &harness{t: t, pool: pool, idp: idp, app: app, base: base, counter: counter, metrics: metricsBase}
 }
 
 // recorder keeps every Set-Cookie the client received.

@@ -38,21 +38,29 @@ func requestIDOf(c echo.Context) string {
 // the page's scripts) and the other headers of SECURITY.md.
 func (a *App) securityHeaders(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		b := make([]byte, 16)
-		_, _ = rand.Read(b)
-		nonce := base64.StdEncoding.EncodeToString(b)
+		nonce := a.setSecurityHeaders(c.Response().Header())
 		req := c.Request()
 		c.SetRequest(req.WithContext(templ.WithNonce(req.Context(), nonce)))
-		h := c.Response().Header()
-		h.Set("Content-Security-Policy", "default-src 'self'; script-src 'nonce-"+nonce+"'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; connect-src 'self'; form-action 'self' "+a.formActionExtra())
-		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("Referrer-Policy", "same-origin")
-		h.Set("X-Frame-Options", "DENY")
-		if !strings.HasPrefix(req.URL.Path, "/static/") {
-			h.Set("Cache-Control", "no-store")
+		if strings.HasPrefix(req.URL.Path, "/static/") {
+			c.Response().Header().Del("Cache-Control") // the static handler sets its own
 		}
 		return next(c)
 	}
+}
+
+// setSecurityHeaders writes the headers every response carries (pages,
+// errors, 404s and the cross-origin refusal, which is answered outside
+// echo) and returns the fresh CSP nonce.
+func (a *App) setSecurityHeaders(h http.Header) string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	nonce := base64.StdEncoding.EncodeToString(b)
+	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'nonce-"+nonce+"'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; connect-src 'self'; form-action 'self' "+a.formActionExtra())
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "same-origin")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Cache-Control", "no-store")
+	return nonce
 }
 
 // formActionExtra allows the logout form's redirect chain to reach the

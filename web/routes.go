@@ -36,7 +36,7 @@ func (a *App) routes() []route {
 		{http.MethodGet, "/", page(auth.PermView), a.dashboard},
 		{http.MethodGet, "/ws", api(auth.PermView), a.ws},
 	}
-	if a.cfg.MetricsAddr == "" {
+	if !a.separateMetrics() {
 		rs = append(rs, route{http.MethodGet, "/metrics", public, echo.WrapHandler(a.metricsHandler())})
 	}
 	return rs

@@ -54,8 +54,20 @@ func TestEachDemoUserSignsInAndSeesTheirNavigation(t *testing.T) {
 			}
 		}
 		ck := b.rec.set("sluice_session")
-		if len(ck) != 1 || !ck[0].HttpOnly || ck[0].Path != "/" || ck[0].SameSite != http.SameSiteLaxMode || len(ck[0].Value) < 43 {
+		if len(ck) != 1 || !ck[0].HttpOnly || ck[0].Path != "/" || ck[0].SameSite != http.SameSiteLaxMode || len(ck[0].Value) < 43 || ck[0].MaxAge != 0 || ck[0].Domain != "" {
 			t.Fatalf("%s: session cookie %+v", c.user, ck)
+		}
+		// The login binding: short-lived, HttpOnly, and cleared by the callback.
+		lk := b.rec.set("sluice_login")
+		if len(lk) != 2 || !lk[0].HttpOnly || lk[0].Path != "/" || lk[0].SameSite != http.SameSiteLaxMode ||
+			lk[0].MaxAge <= 0 || lk[0].MaxAge > 600 || len(lk[0].Value) < 43 || lk[1].MaxAge >= 0 {
+			t.Fatalf("%s: login cookie %+v", c.user, lk)
+		}
+		// The provider states when the user authenticated (auth_time), so a
+		// fresh login counts as recent for money-moving actions.
+		var recent bool
+		if err := h.pool.QueryRow(context.Background(), `SELECT auth_time > now() - interval '10 minutes' FROM console_session WHERE name = $1`, c.user).Scan(&recent); err != nil || !recent {
+			t.Errorf("%s: session auth_time not recent (%v)", c.user, err)
 		}
 		if h.countAudit(t, `action = 'auth.login' AND outcome = 'ok' AND actor_name = $1 AND actor_iss = $2`, c.user, h.idp.Issuer()) != 1 {
 			t.Errorf("%s: login not audited", c.user)
@@ -251,6 +263,9 @@ func TestForgedPostsAreRefusedAndAudited(t *testing.T) {
 	if alive() {
 		t.Fatal("session alive after logout")
 	}
+	if ck := b.rec.set("sluice_session"); len(ck) != 2 || ck[1].MaxAge >= 0 || ck[1].Value != "" {
+		t.Fatalf("logout did not delete the session cookie: %+v", ck)
+	}
 }
 
 func TestSecurityHeadersAndNonce(t *testing.T) {
@@ -291,6 +306,19 @@ func TestSecurityHeadersAndNonce(t *testing.T) {
 	resp3, body3 := b.get(t, h.base+"/no/such/page", "text/html")
 	if resp3.StatusCode != http.StatusNotFound || !strings.Contains(body3, resp3.Header.Get("X-Request-Id")) {
 		t.Errorf("404 page: %d", resp3.StatusCode)
+	}
+	// Error responses carry the same headers as pages.
+	req, _ := http.NewRequest(http.MethodPut, h.base+"/", nil)
+	resp4, err := b.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp4.Body.Close()
+	for _, r := range []*http.Response{resp3, resp4} {
+		if r.StatusCode < 400 || !strings.Contains(r.Header.Get("Content-Security-Policy"), "default-src 'self'") ||
+			r.Header.Get("X-Content-Type-Options") != "nosniff" || r.Header.Get("Cache-Control") != "no-store" {
+			t.Errorf("%d response without the security headers: %v", r.StatusCode, r.Header)
+		}
 	}
 }
 

@@ -12,7 +12,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -58,7 +60,7 @@ var genesis = make([]byte, sha256.Size)
 
 // Record appends ev in the caller's transaction tx: the audit row exists if
 // and only if tx commits, so an action and its audit event are one. Appends
-// are serialized until tx ends.
+// are serialized until tx ends. tx must be READ COMMITTED (pgx's default).
 func Record(ctx context.Context, tx pgx.Tx, ev Event) error {
 	switch ev.Outcome {
 	case OutcomeOK, OutcomeDenied, OutcomeError:
@@ -68,26 +70,33 @@ func Record(ctx context.Context, tx pgx.Tx, ev Event) error {
 	if ev.Action == "" {
 		return fmt.Errorf("%w: no action", ErrInvalidEvent)
 	}
-	if ev.ActorRoles == nil {
-		ev.ActorRoles = []string{}
-	}
+	ev = ev.sanitized()
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, chainLockKey); err != nil {
 		return fmt.Errorf("audit: lock chain: %w", err)
 	}
 	// The row's seq, database clock and normalized jsonb text are fixed
 	// before the insert so the hash covers exactly what is stored.
+	// The head is read after the lock, which only helps if the read takes a
+	// fresh snapshot: under REPEATABLE READ or SERIALIZABLE the snapshot may
+	// predate the previous append's commit, the head would be stale and the
+	// chain would fork. Such transactions are refused (and roll back).
 	var (
-		r        row
-		prevHash []byte
+		r         row
+		prevHash  []byte
+		isolation string
 	)
 	err := tx.QueryRow(ctx, `
 		SELECT nextval(pg_get_serial_sequence('audit_event', 'seq')),
 		       clock_timestamp(),
 		       $1::jsonb::text, $2::jsonb::text,
-		       (SELECT hash FROM audit_event ORDER BY seq DESC LIMIT 1)`,
-		nullJSON(ev.Before), nullJSON(ev.After)).Scan(&r.Seq, &r.OccurredAt, &r.Before, &r.After, &prevHash)
+		       (SELECT hash FROM audit_event ORDER BY seq DESC LIMIT 1),
+		       current_setting('transaction_isolation')`,
+		nullJSON(ev.Before), nullJSON(ev.After)).Scan(&r.Seq, &r.OccurredAt, &r.Before, &r.After, &prevHash, &isolation)
 	if err != nil {
 		return fmt.Errorf("audit: chain head: %w", err)
+	}
+	if isolation != "read committed" {
+		return fmt.Errorf("%w: appends need a READ COMMITTED transaction (got %s): an older snapshot would fork the chain", ErrInvalidEvent, isolation)
 	}
 	if prevHash == nil {
 		prevHash = genesis
@@ -107,6 +116,31 @@ func Record(ctx context.Context, tx pgx.Tx, ev Event) error {
 		return fmt.Errorf("audit: append: %w", err)
 	}
 	return nil
+}
+
+// sanitized makes every text field storable: PostgreSQL refuses invalid
+// UTF-8 and NUL in text, and several fields (user agent, route, ids) are
+// attacker data. Without this a crafted User-Agent would make the insert
+// fail, so a refusal would go unaudited. The hash covers the stored text.
+func (ev Event) sanitized() Event {
+	for _, f := range []*string{&ev.ActorIss, &ev.ActorSub, &ev.ActorName, &ev.Action, &ev.TargetType,
+		&ev.TargetID, &ev.Reason, &ev.Evidence, &ev.RequestID, &ev.SessionHash, &ev.IP, &ev.UserAgent,
+		&ev.Outcome, &ev.ErrorCode} {
+		*f = storableText(*f)
+	}
+	roles := make([]string, len(ev.ActorRoles)) // a copy: the caller's slice stays untouched
+	for i, r := range ev.ActorRoles {
+		roles[i] = storableText(r)
+	}
+	ev.ActorRoles = roles
+	return ev
+}
+
+func storableText(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 func nullJSON(b json.RawMessage) *string {

@@ -193,3 +193,60 @@ func TestConcurrentAppendsNeverFork(t *testing.T) {
 		t.Fatalf("want 20 chained rows and no fork, got %+v forks=%d", res, forks)
 	}
 }
+
+// Attacker data (a crafted User-Agent, a raw path) may be invalid UTF-8 or
+// carry NUL bytes, which PostgreSQL refuses in text: the event is still
+// recorded (with replacement characters) and the chain still verifies.
+func TestAttackerTextIsStillRecorded(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+		return audit.Record(ctx, tx, audit.Event{
+			Action: "request.denied", TargetType: "route", TargetID: "POST /x\x00y",
+			UserAgent: "evil\xff\xfeagent", ActorRoles: []string{"view\xc3"}, Outcome: audit.OutcomeDenied,
+		})
+	})
+	if err != nil {
+		t.Fatalf("an event with attacker text was not recorded: %v", err)
+	}
+	var ua, target string
+	if err := pool.QueryRow(ctx, `SELECT user_agent, target_id FROM audit_event`).Scan(&ua, &target); err != nil {
+		t.Fatal(err)
+	}
+	if ua != "evil\uFFFDagent" || target != "POST /x\uFFFDy" {
+		t.Fatalf("stored %q / %q", ua, target)
+	}
+	if res := verify(t, pool); !res.Intact() || res.Checked != 1 {
+		t.Fatalf("chain %+v", res)
+	}
+}
+
+// Under REPEATABLE READ the transaction's snapshot can predate the last
+// append, so the chain head it reads is stale: Record refuses instead of
+// forking the chain.
+func TestAppendRefusedOutsideReadCommitted(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	record(t, pool, 1)
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT count(*) FROM audit_event`); err != nil { // takes the snapshot
+		t.Fatal(err)
+	}
+	record(t, pool, 1) // commits after that snapshot
+	err = audit.Record(ctx, tx, audit.Event{Action: "payment.resolve", Outcome: audit.OutcomeOK})
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if !errors.Is(err, audit.ErrInvalidEvent) {
+		t.Errorf("Record in a REPEATABLE READ transaction: %v, want ErrInvalidEvent", err)
+	}
+	if res := verify(t, pool); !res.Intact() || res.Checked != 2 {
+		t.Fatalf("chain forked: %+v", res)
+	}
+}

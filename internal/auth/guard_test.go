@@ -2,6 +2,7 @@ package auth_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coreos/go-oidc/v3/oidc/oidctest"
 	"github.com/labstack/echo/v4"
 
 	"github.com/sluice-dev/sluice/internal/auth"
@@ -122,5 +124,39 @@ func TestGuardRequiresRecentLogin(t *testing.T) {
 	authURL, _, err := f.rp.Begin(context.Background(), "/", true)
 	if err != nil || !strings.Contains(authURL, "prompt=login") || !strings.Contains(authURL, "max_age=0") {
 		t.Fatalf("re-authentication URL %s %v", authURL, err)
+	}
+}
+
+// Without auth_time the authentication time is unknown: a token minted by a
+// silent single sign-on (fresh iat, old authentication) is not a recent
+// login, so a money-moving action asks for a re-authentication.
+func TestTokenWithoutAuthTimeIsNotARecentLogin(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	f.idp.mint = func(nonce string) string {
+		b, _ := json.Marshal(map[string]any{
+			"iss": f.idp.URL, "sub": "staff-1", "aud": "console", "nonce": nonce, "groups": []string{"oncall"},
+			"iat": time.Now().Unix(), "exp": time.Now().Add(time.Hour).Unix(),
+		})
+		return oidctest.SignIDToken(idpKey, "k1", "RS256", string(b))
+	}
+	l, err := f.login(t, "/", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cookies, _ := auth.NewCookieSpec("http://127.0.0.1:8080")
+	g := &auth.Guard{Sessions: f.sessions, Pool: f.pool, Cookies: cookies}
+	e := echo.New()
+	var got error
+	e.HTTPErrorHandler = func(err error, c echo.Context) { got = err; _ = c.NoContent(499) }
+	e.POST("/payments/:id/resolve", func(c echo.Context) error { return c.NoContent(200) },
+		g.Require(auth.Access{Perm: auth.PermPaymentsAct, MaxAuthAge: 10 * time.Minute}))
+	req := httptest.NewRequest("POST", "/payments/x/resolve", nil)
+	req.Header.Set("X-CSRF-Token", l.Session.CSRFToken())
+	req.AddCookie(cookies.SessionCookie(l.Token))
+	rec := httptest.NewRecorder()
+	e.ServeHTTP(rec, req)
+	if !errors.Is(got, auth.ErrReauthRequired) {
+		t.Fatalf("a login of unknown age passed a recent-login check: %d %v", rec.Code, got)
 	}
 }

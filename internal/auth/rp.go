@@ -230,7 +230,13 @@ func (rp *RP) Finish(ctx context.Context, cb Callback) (*Login, error) {
 		}
 		return nil, ErrNoRole
 	}
-	authTime := idt.IssuedAt
+	// auth_time is when the user really authenticated. Without it the time
+	// is unknown and counts as long ago: iat would be wrong, since a silent
+	// single sign-on mints a fresh token for an old authentication, and
+	// money-moving actions must not take that for a recent login. (A
+	// re-authentication sends max_age, which obliges the provider to send
+	// auth_time.)
+	var authTime time.Time
 	if at, ok := claims["auth_time"].(float64); ok && at > 0 {
 		authTime = time.Unix(int64(at), 0)
 	}

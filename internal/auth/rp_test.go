@@ -108,7 +108,7 @@ func (idp *testIDP) authorize(t *testing.T, authURL string) (state, code string)
 func claims(iss, aud, nonce string, exp time.Time, groups ...string) string {
 	b, _ := json.Marshal(map[string]any{
 		"iss": iss, "sub": "staff-1", "aud": aud, "nonce": nonce, "preferred_username": "ayse",
-		"iat": exp.Add(-time.Hour).Unix(), "exp": exp.Unix(), "groups": groups,
+		"iat": exp.Add(-time.Hour).Unix(), "auth_time": exp.Add(-time.Hour).Unix(), "exp": exp.Unix(), "groups": groups,
 	})
 	return string(b)
 }

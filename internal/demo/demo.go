@@ -25,6 +25,17 @@ import (
 // consumerName is the demo consumer's durable subscription and inbox name.
 const consumerName = "demo-consumer"
 
+// relayMaxAttempts is low so a refused event reaches the dead letters within
+// a minute of being written.
+const relayMaxAttempts = 5
+
+// poisonOneIn is how rare the order events that the demo's broker refuses
+// are, and redeliveryShare the part of deliveries the consumer sees twice.
+const (
+	poisonOneIn     = 400
+	redeliveryShare = 0.02
+)
+
 // Demo is the running system. Start builds it, Run prints its status until
 // the context ends, Close removes everything it created.
 type Demo struct {
@@ -114,7 +125,7 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 		// dead letters within a minute of the demo's start.
 		r, err := outbox.NewRelay(d.pool, poisonPublisher{Publisher: b}, outbox.RelayConfig{
 			Name:        fmt.Sprintf("relay-%d", i+1),
-			MaxAttempts: 5,
+			MaxAttempts: relayMaxAttempts,
 			Backoff:     outbox.Backoff{Base: time.Second, Cap: 10 * time.Second},
 		}, log, d.reg)
 		if err != nil {
@@ -135,7 +146,9 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	for _, r := range d.relays {
 		d.goRun(r.Config().Name, func() error { return r.Run(runCtx) })
 	}
-	d.goRun("consumer", func() error { return d.consumer.Run(runCtx, redeliveringSubscriber{Subscriber: sub, share: 0.02}) })
+	d.goRun("consumer", func() error {
+		return d.consumer.Run(runCtx, redeliveringSubscriber{Subscriber: sub, share: redeliveryShare})
+	})
 	step("%d relays, the consumer %q and an order workload of %d transactions/s are running", len(d.relays), consumerName, cfg.EventRate)
 
 	if err = d.startPayments(runCtx); err != nil {
@@ -148,12 +161,33 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 		return nil, err
 	}
 	d.goRun("console", func() error { return d.console.Run(runCtx) })
-	fmt.Fprintf(out, "\nSluice console: %s\n\nSign in as (password = user name):\n", d.ConsoleURL)
+	d.banner()
+	return d, nil
+}
+
+// banner tells a newcomer what to open, who to sign in as, and what the
+// demo does on purpose, so its dead letters and unknown payments read as the
+// show rather than as a broken install.
+func (d *Demo) banner() {
+	out := d.out
+	fmt.Fprintf(out, "\nSluice console: %s  (open it in a browser)\n\nSign in on the development provider's page as (password = user name):\n", d.ConsoleURL)
 	for _, u := range devoidc.DemoUsers {
 		fmt.Fprintf(out, "  %-8s %s\n", u.Username, roleOf(u.Group))
 	}
-	fmt.Fprintln(out, "\nCtrl-C stops everything and removes what the demo created.")
-	return d, nil
+	fmt.Fprintf(out, `
+On purpose, so there is something to look at:
+  · about 1 order event in %d is refused by the broker; after %d attempts it becomes a dead letter
+    (each one is also logged on stderr as "outbox: event dead-lettered")
+  · the simulated provider declines, is slow, is briefly down, and sometimes charges without answering:
+    those payments are "unknown"; most are settled by inquiries within minutes, some wait for an operator
+  · about %.0f%% of deliveries reach the consumer twice; its inbox absorbs the duplicates
+
+Try the payments API yourself (the provider's faults apply; repeat it: same key, same answer, Idempotent-Replayed: true):
+  curl -i -X POST %s/v1/payments -H 'Idempotency-Key: try-1' -H 'X-Merchant-ID: m-demo' \
+    -d '{"invoice_id":"inv-try-1","account_id":1001,"amount":"12.50","currency":"TRY","customer":{"name":"Ada","email":"ada@example.com","tax_id":"123"}}'
+
+A status line follows every %s. Ctrl-C stops everything and removes what the demo created.
+`, poisonOneIn, relayMaxAttempts, redeliveryShare*100, d.payments.url, d.cfg.StatusEvery)
 }
 
 // goRun runs a part until the demo stops; a part that fails stops the demo.
@@ -247,14 +281,27 @@ func (d *Demo) Close() error {
 	if d.db != nil {
 		errs = append(errs, d.db.close())
 	}
-	return errors.Join(errs...)
+	err := errors.Join(errs...)
+	if err == nil && d.cancel != nil {
+		// Ctrl-C ends the status lines with "stopping"; say when it is done,
+		// so nobody wonders whether a cluster was left behind.
+		what := "the throwaway PostgreSQL cluster"
+		if d.cfg.DatabaseURL != "" {
+			what = "the demo database"
+		}
+		if d.natsDir != "" {
+			what += " and the NATS store"
+		}
+		fmt.Fprintf(d.out, "· stopped; removed %s\n", what)
+	}
+	return err
 }
 
 // roleOf describes what a demo group may do, for the start-up banner.
 func roleOf(group string) string {
 	switch group {
 	case "support":
-		return "viewer: sees everything, masked"
+		return "viewer: dashboard, outbox, payments, inbox; personal data masked"
 	case "oncall":
 		return "operator: retries, dead-letters, inquires and resolves"
 	case "audit":

@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -73,6 +74,7 @@ func TestDemoComesAliveAndCleansUp(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodGet, d.ConsoleURL+"/", nil)
 	req.Header.Set("Accept", "text/html")
 	home, perr := client.Do(req)
+	tryBannerExample(t, out.String())
 	stop()
 	if herr != nil || health.StatusCode != http.StatusOK {
 		t.Errorf("console /healthz: %v %v", herr, health)
@@ -88,6 +90,8 @@ func TestDemoComesAliveAndCleansUp(t *testing.T) {
 	}
 	if err := d.Close(); err != nil {
 		t.Errorf("Close: %v", err)
+	} else if !strings.Contains(out.String(), "· stopped; removed the demo database") {
+		t.Errorf("Close should say what it removed:\n%s", out.String())
 	}
 	if applied < 100 {
 		t.Fatalf("consumer applied %d events within 60s, want ≥ 100; output:\n%s", applied, out.String())
@@ -110,5 +114,56 @@ func TestDemoComesAliveAndCleansUp(t *testing.T) {
 	}
 	if exists {
 		t.Errorf("demo database %s still exists after Close", demoDB)
+	}
+}
+
+// bannerCurl finds the payments example the banner prints: URL, key,
+// merchant and body.
+var bannerCurl = regexp.MustCompile(`curl -i -X POST (\S+) -H 'Idempotency-Key: ([^']+)' -H 'X-Merchant-ID: ([^']+)' \\\n\s+-d '([^']+)'`)
+
+// tryBannerExample runs the banner's curl example twice, as a newcomer
+// would: the first answer is a real payment outcome (never a client error),
+// the second is the stored answer, replayed.
+func tryBannerExample(t *testing.T, banner string) {
+	t.Helper()
+	m := bannerCurl.FindStringSubmatch(banner)
+	if m == nil {
+		t.Errorf("the banner has no payments example to try:\n%s", banner)
+		return
+	}
+	post := func() (*http.Response, error) {
+		// curl -d sends a form content type; the example must work with it.
+		req, err := http.NewRequest(http.MethodPost, m[1], strings.NewReader(m[4]))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Idempotency-Key", m[2])
+		req.Header.Set("X-Merchant-ID", m[3])
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return resp, err
+	}
+	first, err := post()
+	if err != nil {
+		t.Errorf("banner example: %v", err)
+		return
+	}
+	switch first.StatusCode {
+	// The provider's faults apply: declined 402, down 502, no answer 202.
+	case http.StatusCreated, http.StatusAccepted, http.StatusPaymentRequired, http.StatusBadGateway:
+	default:
+		t.Errorf("banner example answered %s, want a payment outcome (201, 202, 402 or 502)", first.Status)
+		return
+	}
+	second, err := post()
+	if err != nil {
+		t.Errorf("banner example, repeated: %v", err)
+		return
+	}
+	if second.StatusCode != first.StatusCode || second.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("banner example repeated: %s, Idempotent-Replayed %q; want %s replayed", second.Status, second.Header.Get("Idempotent-Replayed"), first.Status)
 	}
 }

@@ -106,7 +106,7 @@ func (w *orderWorkload) write(ctx context.Context, id int64, status, amount stri
 			}
 		}
 		body := map[string]any{"order_id": id, "status": status, "amount": amount}
-		if rand.IntN(400) == 0 {
+		if rand.IntN(poisonOneIn) == 0 {
 			body["malformed"] = true // the demo's broker refuses it: see poisonPublisher
 		}
 		payload, _ := json.Marshal(body)

@@ -23,7 +23,7 @@ type Fragment struct {
 }
 
 // RenderFunc renders the dashboard's live fragments (out-of-band swaps) for
-// the current snapshot and the history. The web layer provides it, with the
+// the current snapshot and the history (scalar figures only, see History). The web layer provides it, with the
 // same components the page uses: domain packages never import views.
 type RenderFunc func(cur Snapshot, history []Snapshot) ([]Fragment, error)
 
@@ -202,7 +202,12 @@ func (f *Feed) Step(ctx context.Context) error {
 	f.ticks.Add(1)
 	f.mu.Lock()
 	f.latest, f.haveFirst = s, true
-	f.ring = append(f.ring, s)
+	// The ring keeps only the scalar figures the sparklines draw: an hour
+	// of full snapshots would hold every topic's backlog and both recent
+	// lists thousands of times, memory that grows with the number of topics.
+	point := s
+	point.Backlog, point.RecentDead, point.RecentUnknown = nil, nil, nil
+	f.ring = append(f.ring, point)
 	cut := 0
 	for cut < len(f.ring) && s.At.Sub(f.ring[cut].At) > f.cfg.History {
 		cut++
@@ -305,7 +310,8 @@ func (f *Feed) Latest() (Snapshot, bool) {
 	return f.latest, f.haveFirst
 }
 
-// History is the snapshots of the last hour, oldest first.
+// History is the snapshots of the last hour, oldest first, with their
+// scalar figures only (no per-topic backlog, no recent lists).
 func (f *Feed) History() []Snapshot {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -317,6 +323,18 @@ func (f *Feed) Clients() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.clients)
+}
+
+// Queued is the number of messages waiting in client buffers: at most
+// ClientBuffer per client, since a client whose buffer is full is dropped.
+func (f *Feed) Queued() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for c := range f.clients {
+		n += len(c.send)
+	}
+	return n
 }
 
 // Dropped is the number of slow clients dropped so far.

@@ -196,3 +196,36 @@ func TestNotifyWakesThePollerEarly(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// The sparkline history keeps scalar figures only: its memory does not grow
+// with the number of topics or the recent lists.
+func TestHistoryKeepsScalarsOnly(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at)
+		SELECT gen_random_uuid(), 't', g::text, 1, 'topic-' || g, 't.v1', '{}',
+		       CASE WHEN g % 2 = 0 THEN 'dead' ELSE 'pending' END, CASE WHEN g % 2 = 0 THEN now() END
+		FROM generate_series(1, 200) g`); err != nil {
+		t.Fatal(err)
+	}
+	f := live.New(constQuerier{pool}, nil, live.Config{})
+	for i := 0; i < 3; i++ {
+		if err := f.Step(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s, _ := f.Latest(); len(s.Backlog) != 100 || len(s.RecentDead) != 5 {
+		t.Fatalf("latest snapshot: %d topics, %d dead", len(s.Backlog), len(s.RecentDead))
+	}
+	hist := f.History()
+	if len(hist) != 3 {
+		t.Fatalf("%d history points", len(hist))
+	}
+	for _, h := range hist {
+		if h.Pending != 100 || h.Dead != 100 || h.Backlog != nil || h.RecentDead != nil || h.RecentUnknown != nil {
+			t.Fatalf("history point carries more than scalars: pending %d, %d topics, %d dead listed", h.Pending, len(h.Backlog), len(h.RecentDead))
+		}
+	}
+}
