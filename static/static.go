@@ -6,5 +6,5 @@ import "embed"
 
 // FS holds the files served under /static/.
 //
-//go:embed *.css *.js VERSIONS
+//go:embed *.css *.js *.svg VERSIONS
 var FS embed.FS

@@ -161,7 +161,7 @@ func TestAnonymousGetsNothing(t *testing.T) {
 	if r := get("/ws", ""); r.StatusCode != http.StatusUnauthorized {
 		t.Errorf("/ws: %d", r.StatusCode)
 	}
-	for _, p := range []string{"/healthz", "/readyz", "/static/htmx.min.js", "/metrics"} {
+	for _, p := range []string{"/healthz", "/readyz", "/static/htmx.min.js", "/static/favicon.svg", "/metrics"} {
 		if r := get(p, ""); r.StatusCode != http.StatusOK {
 			t.Errorf("%s: %d", p, r.StatusCode)
 		}

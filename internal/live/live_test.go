@@ -45,7 +45,7 @@ func TestSnapshotReadsTheLiveState(t *testing.T) {
 	exec(`UPDATE outbox_event SET locked_until = now() + interval '1 minute', lock_token = gen_random_uuid(),
 	        created_at = now() - interval '90 seconds'
 	      WHERE id = (SELECT id FROM outbox_event WHERE topic = 'payments' ORDER BY id LIMIT 1)`)
-	exec(`UPDATE outbox_event SET status = 'dead', dead_at = now(), attempts = 9 WHERE id = (SELECT id FROM outbox_event WHERE topic = 'payments' ORDER BY id DESC LIMIT 1)`)
+	exec(`UPDATE outbox_event SET status = 'dead', dead_at = now(), attempts = 9, last_error = repeat('broker said no; ', 20) WHERE id = (SELECT id FROM outbox_event WHERE topic = 'payments' ORDER BY id DESC LIMIT 1)`)
 	exec(`UPDATE outbox_event SET status = 'published', published_at = now() WHERE topic = 'ledger'`)
 	exec(`INSERT INTO account (account_id, balance) VALUES (1, 100)`)
 	exec(`INSERT INTO payment (operation_id, merchant_id, invoice_id, account_id, amount, currency, status, unknown_since)
@@ -69,7 +69,8 @@ func TestSnapshotReadsTheLiveState(t *testing.T) {
 	if s.OldestPendingAge < 89*time.Second || s.ReconcileAge < 9*time.Minute || s.PublishedPerSec <= 0 {
 		t.Fatalf("ages/rate %+v", s)
 	}
-	if len(s.RecentDead) != 1 || s.RecentDead[0].Attempts != 9 || len(s.RecentUnknown) != 2 || s.RecentUnknown[0].Amount != "12.50" {
+	if len(s.RecentDead) != 1 || s.RecentDead[0].Attempts != 9 || len(s.RecentUnknown) != 2 || s.RecentUnknown[0].Amount != "12.50" ||
+		!strings.HasPrefix(s.RecentDead[0].LastError, "broker said no;") || len([]rune(s.RecentDead[0].LastError)) != 160 {
 		t.Fatalf("lists %+v %+v", s.RecentDead, s.RecentUnknown)
 	}
 }

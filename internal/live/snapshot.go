@@ -28,6 +28,10 @@ type DeadEvent struct {
 	EventType string    `json:"event_type"`
 	Attempts  int       `json:"attempts"`
 	DeadAt    time.Time `json:"dead_at"`
+	// LastError is the start of the last publish error, so support sees why
+	// an event died without opening it (its first 160 characters). It is attacker-reachable text: views
+	// escape it like everything else.
+	LastError string `json:"last_error"`
 }
 
 // UnknownPayment is a payment whose outcome is not known yet (no customer
@@ -88,8 +92,9 @@ SELECT now(),
        coalesce((SELECT extract(epoch FROM now() - min(unknown_since)) FROM payment WHERE status = 'unknown'), 0)::float8,
        (SELECT count(*) FROM idempotency_record WHERE status = 'processing' AND locked_until < now()),
        coalesce((SELECT json_agg(json_build_object('id', id, 'topic', topic, 'event_type', event_type,
-                                                   'attempts', attempts, 'dead_at', dead_at) ORDER BY dead_at DESC, id)
-                 FROM (SELECT id, topic, event_type, attempts, dead_at FROM outbox_event
+                                                   'attempts', attempts, 'dead_at', dead_at,
+                                                   'last_error', left(coalesce(last_error, dead_reason, ''), 160)) ORDER BY dead_at DESC, id)
+                 FROM (SELECT id, topic, event_type, attempts, dead_at, last_error, dead_reason FROM outbox_event
                        WHERE status = 'dead' ORDER BY dead_at DESC, id LIMIT 5) d), '[]'),
        coalesce((SELECT json_agg(json_build_object('operation_id', operation_id, 'amount', amount::text,
                                                    'currency', currency, 'unknown_since', since)
