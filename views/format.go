@@ -71,6 +71,7 @@ type Spark struct {
 	Max    string
 	Points string
 	Class  string
+	Span   string // how much history the line covers, e.g. "last 4m00s"
 }
 
 const sparkW, sparkH = 240.0, 40.0

@@ -3,6 +3,7 @@ package web
 import (
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -49,9 +50,26 @@ func dashboardData(s live.Snapshot, ok bool, hist []live.Snapshot) views.Dashboa
 	for i, h := range hist {
 		backlog[i], rate[i], age[i] = float64(h.Pending), h.PublishedPerSec, h.ReconcileAge.Seconds()
 	}
-	return views.DashboardData{Snap: s, Ready: ok, Sparks: []views.Spark{
+	sparks := []views.Spark{
 		views.NewSpark("Backlog", "spark-backlog", "backlog", backlog, func(v float64) string { return views.Count(int64(v)) }),
 		views.NewSpark("Published/s", "spark-rate", "rate", rate, views.Rate),
 		views.NewSpark("Reconcile age", "spark-reconcile", "age", age, func(v float64) string { return views.Age(secondsDur(v)) }),
-	}}
+	}
+	for i := range sparks {
+		sparks[i].Span = spanOf(hist)
+	}
+	return views.DashboardData{Snap: s, Ready: ok, Sparks: sparks}
+}
+
+// spanOf says how much history the sparklines draw: the ring holds an hour,
+// but a console that started a few minutes ago has only those minutes.
+func spanOf(hist []live.Snapshot) string {
+	if len(hist) < 2 {
+		return "since start"
+	}
+	d := hist[len(hist)-1].At.Sub(hist[0].At)
+	if d >= 59*time.Minute {
+		return "last hour"
+	}
+	return "last " + views.Age(d.Round(time.Second))
 }
