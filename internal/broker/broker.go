@@ -58,6 +58,10 @@ type Options struct {
 	// "<ns>.<topic>", stream "<NS>" capturing "<ns>.>") and the RabbitMQ
 	// topic exchange (queues "<ns>.<consumer>").
 	Namespace string
+	// AckWait (NATS only; default 30s) is how long JetStream waits for a
+	// delivered message's ack before it delivers it again: after a consumer
+	// crash, its unacknowledged message comes back after this long.
+	AckWait time.Duration
 }
 
 // DefaultNamespace is the namespace when Options.Namespace is empty.
@@ -94,6 +98,13 @@ func Open(ctx context.Context, rawURL string, opts Options) (Broker, error) {
 	}
 	return nil, fmt.Errorf("%w: %q", ErrUnsupportedScheme, u.Scheme)
 }
+
+// ErrUnavailable marks a publish that failed because the broker could not be
+// reached (connection down or reconnecting), not because of the message. The
+// relay backs such events off without spending their attempts: a long outage
+// must not dead-letter the head event of every aggregate, whose later events
+// would then be published first and a retried dead one dropped as stale.
+var ErrUnavailable = errors.New("broker: unavailable")
 
 // Header names carrying the aggregate on both brokers.
 const (

@@ -266,3 +266,131 @@ func TestOpenRejectsUnknownSchemes(t *testing.T) {
 		t.Fatal("an invalid namespace was accepted")
 	}
 }
+
+// A consumer that dies holding delivered but unacknowledged messages (a
+// crash, a cut connection) must not let its successor run ahead of them: the
+// successor would apply later events of an aggregate first, and the inbox
+// would then drop the redelivered earlier ones as stale, losing their
+// effects. JetStream therefore keeps one message in flight per consumer, and
+// the successor sees every sequence in order.
+func TestNATSConsumerCrashKeepsOrder(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	opts := broker.Options{Namespace: namespace(t), AckWait: 2 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	pub, err := broker.Open(ctx, srv.ClientURL(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	msgs := messages(300, 1) // one aggregate: sequences 1..300
+	for _, m := range msgs {
+		if err := pub.Publish(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The first consumer applies sequence 1, then hangs on 2 and dies.
+	first, err := broker.Open(ctx, srv.ClientURL(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstCtx, kill := context.WithCancel(ctx)
+	hung := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- first.Subscribe(firstCtx, "reader", func(ctx context.Context, m broker.Message) error {
+			if m.AggregateSeq == 1 {
+				return nil
+			}
+			close(hung)
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	select {
+	case <-hung:
+	case <-ctx.Done():
+		t.Fatal("the first consumer never got sequence 2")
+	}
+	// The pull that brought sequence 2 asked for more: whatever the server
+	// handed this client with it is what a successor could overtake.
+	_ = first.Close()
+	kill()
+	<-done
+
+	second, err := broker.Open(ctx, srv.ClientURL(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	var got []int64
+	secondCtx, stop := context.WithCancel(ctx)
+	err = second.Subscribe(secondCtx, "reader", func(_ context.Context, m broker.Message) error {
+		got = append(got, m.AggregateSeq)
+		if len(got) == len(msgs)-1 {
+			stop()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(msgs)-1 {
+		t.Fatalf("the successor received %d messages, want %d", len(got), len(msgs)-1)
+	}
+	for i, seq := range got {
+		if seq != int64(i+2) {
+			t.Fatalf("the successor's message %d has sequence %d, want %d (order lost after a crash): %v", i, seq, i+2, got[:min(len(got), i+5)])
+		}
+	}
+}
+
+// A publish while the NATS server is gone fails as broker.ErrUnavailable (so
+// the relay backs off without spending the event's attempts), and the same
+// client publishes again once a server is back on the port and folder.
+func TestNATSPublishDuringOutageIsUnavailable(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	srv, err := broker.StartEmbeddedNATS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := srv.Port()
+	ctx := context.Background()
+	b, err := broker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: namespace(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	msgs := messages(2, 1)
+	if err := b.Publish(ctx, msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err = b.Publish(pctx, msgs[1])
+	cancel()
+	if !errors.Is(err, broker.ErrUnavailable) {
+		t.Fatalf("publish with the server down: %v, want ErrUnavailable", err)
+	}
+	srv, err = broker.StartEmbeddedNATSAt(dir, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := b.Publish(pctx, msgs[1])
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no publish after the restart: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -3,6 +3,7 @@ package broker
 import (
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -17,9 +18,17 @@ type EmbeddedNATS struct {
 
 // StartEmbeddedNATS starts a JetStream-enabled NATS server storing in dir.
 func StartEmbeddedNATS(dir string) (*EmbeddedNATS, error) {
+	return StartEmbeddedNATSAt(dir, -1)
+}
+
+// StartEmbeddedNATSAt is StartEmbeddedNATS on a fixed port (-1: a random
+// one). Starting a server again on the port and folder of one that was shut
+// down is a broker restart: its streams and consumers come back from dir and
+// clients reconnect on their own, which is how tests play a broker outage.
+func StartEmbeddedNATSAt(dir string, port int) (*EmbeddedNATS, error) {
 	srv, err := server.NewServer(&server.Options{
 		Host:      "127.0.0.1",
-		Port:      -1,
+		Port:      port,
 		JetStream: true,
 		StoreDir:  dir,
 		NoLog:     true,
@@ -35,6 +44,9 @@ func StartEmbeddedNATS(dir string) (*EmbeddedNATS, error) {
 	}
 	return &EmbeddedNATS{srv: srv}, nil
 }
+
+// Port is the port the server listens on.
+func (e *EmbeddedNATS) Port() int { return e.srv.Addr().(*net.TCPAddr).Port }
 
 // ClientURL is the nats:// URL clients connect to.
 func (e *EmbeddedNATS) ClientURL() string { return e.srv.ClientURL() }

@@ -43,6 +43,9 @@ func OpenNATS(ctx context.Context, rawURL string, opts Options) (*NATS, error) {
 		return nil, fmt.Errorf("broker: JetStream: %w", err)
 	}
 	n := &NATS{nc: nc, js: js, prefix: ns, stream: strings.ToUpper(strings.ReplaceAll(ns, "-", "_")), ackWait: 30 * time.Second}
+	if opts.AckWait > 0 {
+		n.ackWait = opts.AckWait
+	}
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:       n.stream,
 		Subjects:   []string{ns + ".>"},
@@ -74,6 +77,9 @@ func (n *NATS) Publish(ctx context.Context, msg Message) error {
 	m.Header.Set(HeaderEventType, msg.EventType)
 	m.Data = msg.Payload
 	if _, err := n.js.PublishMsg(ctx, m); err != nil {
+		if !n.nc.IsConnected() {
+			return fmt.Errorf("%w: publish to %s while disconnected: %w", ErrUnavailable, m.Subject, err)
+		}
 		return fmt.Errorf("broker: publish to %s: %w", m.Subject, err)
 	}
 	return nil
@@ -91,13 +97,17 @@ func (n *NATS) Subscribe(ctx context.Context, consumer string, h Handler) error 
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		FilterSubject: n.prefix + ".>",
 		AckWait:       n.ackWait,
-		MaxAckPending: 1000,
+		// One message in flight, as RabbitMQ's Qos(1): with more, messages
+		// delivered to a client that then died (crash, cut connection) come
+		// back only after AckWait, after their successors were applied, and
+		// the inbox would drop them as stale: lost effects.
+		MaxAckPending: 1,
 	})
 	if err != nil {
 		return fmt.Errorf("broker: create consumer %s: %w", consumer, err)
 	}
-	// A small prefetch: messages waiting in this client count against their
-	// ack wait while earlier ones are handled.
+	// The pull asks for a few, but MaxAckPending lets the server hand out
+	// one at a time.
 	it, err := cons.Messages(jetstream.PullMaxMessages(64))
 	if err != nil {
 		return fmt.Errorf("broker: consume %s: %w", consumer, err)

@@ -105,7 +105,7 @@ func (r *Rabbit) Publish(ctx context.Context, msg Message) error {
 	ch, err := r.channelLocked()
 	r.mu.Unlock()
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	headers := amqp.Table{
 		HeaderAggregateType: msg.AggregateType,
@@ -126,10 +126,16 @@ func (r *Rabbit) Publish(ctx context.Context, msg Message) error {
 		Body:         msg.Payload,
 	})
 	if err != nil {
+		if errors.Is(err, amqp.ErrClosed) {
+			return fmt.Errorf("%w: publish to %s/%s: %w", ErrUnavailable, r.exchange, msg.Topic, err)
+		}
 		return fmt.Errorf("broker: publish to %s/%s: %w", r.exchange, msg.Topic, err)
 	}
 	acked, err := dc.WaitContext(ctx)
 	if err != nil {
+		if ch.IsClosed() {
+			return fmt.Errorf("%w: confirm of %s: %w", ErrUnavailable, msg.ID, err)
+		}
 		return fmt.Errorf("broker: confirm of %s: %w", msg.ID, err)
 	}
 	if !acked {

@@ -82,6 +82,7 @@ type Relay struct {
 
 	claimSQL string
 	stats    relayCounters
+	outage   atomic.Int64 // publishes failed in a row because the broker was unavailable
 }
 
 type relayCounters struct {
@@ -308,8 +309,17 @@ func (r *Relay) RunOnce(ctx context.Context) (BatchResult, error) {
 		r.stats.lost.Add(int64(res.Lost))
 	}
 	var deferDelay time.Duration
+	// Batches in a row that met an unreachable broker: their events' waits
+	// grow with it (one step per batch, not per event).
+	outageRun := 0
 	for _, f := range out.failed {
-		dead, delay, lost, err := r.recordFailure(dctx, f, token)
+		if errors.Is(f.err, broker.ErrUnavailable) {
+			outageRun = int(r.outage.Add(1))
+			break
+		}
+	}
+	for _, f := range out.failed {
+		dead, delay, lost, err := r.recordFailure(dctx, f, token, outageRun)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -437,6 +447,9 @@ func (r *Relay) markPublished(ctx context.Context, evs []claimed, token uuid.UUI
 		return n, fmt.Errorf("outbox: mark %d published: %w", len(ids), err)
 	}
 	r.stats.published.Add(int64(n))
+	if n > 0 {
+		r.outage.Store(0)
+	}
 	return n, nil
 }
 
@@ -444,30 +457,41 @@ const maxErrorText = 2000
 
 // recordFailure stores the error and backs the event off, or moves it to
 // dead after its last allowed attempt. It also needs our lease token.
-func (r *Relay) recordFailure(ctx context.Context, f failure, token uuid.UUID) (dead bool, delay time.Duration, lost bool, err error) {
+func (r *Relay) recordFailure(ctx context.Context, f failure, token uuid.UUID, outageRun int) (dead bool, delay time.Duration, lost bool, err error) {
 	r.m.failures.Inc()
 	r.stats.failed.Add(1)
 	msg := f.err.Error()
 	if len(msg) > maxErrorText {
 		msg = msg[:maxErrorText]
 	}
-	delay = r.cfg.Backoff.Delay(f.ev.Attempts)
+	// A broker that cannot be reached says nothing about the event: the
+	// attempt is given back (the event never dies of an outage), and the
+	// wait grows with the relay's run of such failures instead.
+	unavailable := errors.Is(f.err, broker.ErrUnavailable)
+	n := f.ev.Attempts
+	if unavailable {
+		n = max(n, outageRun)
+	}
+	delay = r.cfg.Backoff.Delay(n)
 	var status string
 	err = r.pool.QueryRow(ctx, `
-		WITH t AS (SELECT coalesce($5::timestamptz, statement_timestamp()) AS now)
+		WITH t AS (SELECT coalesce($5::timestamptz, statement_timestamp()) AS now,
+		                  NOT $7::boolean AND e0.attempts >= $4 AS dies
+		             FROM outbox_event e0 WHERE e0.id = $1)
 		UPDATE outbox_event e
 		   SET last_error   = $3,
 		       locked_until = NULL,
 		       lock_token   = NULL,
-		       status       = CASE WHEN e.attempts >= $4 THEN 'dead' ELSE 'pending' END,
-		       dead_at      = CASE WHEN e.attempts >= $4 THEN t.now END,
-		       dead_reason  = CASE WHEN e.attempts >= $4 THEN 'max attempts reached (' || e.attempts || ')' END,
-		       available_at = CASE WHEN e.attempts >= $4 THEN e.available_at
+		       attempts     = CASE WHEN $7 THEN greatest(e.attempts - 1, 0) ELSE e.attempts END,
+		       status       = CASE WHEN t.dies THEN 'dead' ELSE 'pending' END,
+		       dead_at      = CASE WHEN t.dies THEN t.now END,
+		       dead_reason  = CASE WHEN t.dies THEN 'max attempts reached (' || e.attempts || ')' END,
+		       available_at = CASE WHEN t.dies THEN e.available_at
 		                           ELSE t.now + $6::bigint * interval '1 microsecond' END
 		  FROM t
 		 WHERE e.id = $1 AND e.lock_token = $2 AND e.status = 'pending'
 		RETURNING e.status`,
-		f.ev.ID, token, msg, r.cfg.MaxAttempts, r.nowArg(), delay.Microseconds()).Scan(&status)
+		f.ev.ID, token, msg, r.cfg.MaxAttempts, r.nowArg(), delay.Microseconds(), unavailable).Scan(&status)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Our lease is gone: whoever holds the event now decides its fate.
 		r.stats.lost.Add(1)

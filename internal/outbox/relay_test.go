@@ -550,3 +550,88 @@ func TestRelayStopsCleanlyMidBatch(t *testing.T) {
 		t.Fatalf("%d pending events still leased, %d charged an attempt; want 0 and 0", leased, charged)
 	}
 }
+
+// A broker outage is not the events' fault: publishes that fail with
+// broker.ErrUnavailable back off (longer with each batch that meets the
+// outage) but never spend the events' attempts, so however long the outage
+// lasts nothing is dead-lettered, the aggregates' later events keep waiting
+// behind their heads, and everything flows in order once the broker is back.
+func TestBrokerOutageNeverDeadLetters(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	events := bulkInsert(t, pool, "out", 3, 2)
+	clk := newClock()
+	log := &pubLog{}
+	var down atomic.Bool
+	down.Store(true)
+	pub := &memPublisher{name: "r", log: log, before: func(context.Context, broker.Message) error {
+		if down.Load() {
+			return fmt.Errorf("%w: connection refused", broker.ErrUnavailable)
+		}
+		return nil
+	}}
+	backoff := outbox.Backoff{Base: time.Second, Cap: 8 * time.Second, Rand: func() float64 { return 0.5 }}
+	const maxAttempts = 3
+	r, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{BatchSize: 10, MaxAttempts: maxAttempts, Backoff: backoff, DisableListen: true, Now: clk.Now}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	heads := map[uuid.UUID]bool{}
+	for _, e := range events {
+		if e.Seq == 1 {
+			heads[e.ID] = true
+		}
+	}
+	var waits []time.Duration
+	for round := 1; round <= 4*maxAttempts; round++ {
+		res, err := r.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Claimed != len(heads) || res.Failed != len(heads) || res.Dead != 0 {
+			t.Fatalf("round %d: %+v, want the %d heads claimed and failed, none dead", round, res, len(heads))
+		}
+		var wait time.Duration
+		for id := range heads {
+			row, err := outbox.Get(ctx, pool, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if row.Status != outbox.StatusPending || row.Attempts != 0 || row.LastError == nil || !strings.Contains(*row.LastError, "unavailable") {
+				t.Fatalf("round %d: head %s is %s with %d attempts (%v); want pending, no attempt spent, the outage as last error",
+					round, id, row.Status, row.Attempts, row.LastError)
+			}
+			wait = row.AvailableAt.Sub(clk.Now())
+		}
+		waits = append(waits, wait)
+		clk.Advance(wait)
+	}
+	if len(log.all()) != 0 || statusCounts(t, pool)[outbox.StatusDead] != 0 {
+		t.Fatalf("during the outage: %d published, statuses %v", len(log.all()), statusCounts(t, pool))
+	}
+	if waits[0] != backoff.Delay(1) || waits[2] != backoff.Delay(3) || waits[len(waits)-1] != backoff.Delay(100) {
+		t.Fatalf("waits %v: want them to grow per batch from %s to the cap %s", waits, backoff.Delay(1), backoff.Delay(100))
+	}
+
+	down.Store(false)
+	for {
+		res, err := r.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Claimed == 0 {
+			break
+		}
+	}
+	if c := statusCounts(t, pool); c[outbox.StatusPublished] != len(events) {
+		t.Fatalf("after the outage: %v, want all %d published", c, len(events))
+	}
+	last := map[string]int64{}
+	for _, p := range log.all() {
+		if p.Msg.AggregateSeq != last[p.Msg.AggregateID]+1 {
+			t.Fatalf("%s #%d published after #%d", p.Msg.AggregateID, p.Msg.AggregateSeq, last[p.Msg.AggregateID])
+		}
+		last[p.Msg.AggregateID] = p.Msg.AggregateSeq
+	}
+}

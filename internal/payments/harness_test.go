@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -61,6 +62,7 @@ type env struct {
 type envOpts struct {
 	providerTimeout time.Duration
 	sim             provider.SimConfig
+	log             *slog.Logger // the service's logger (nil: discarded)
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -84,7 +86,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	}
 	clk := &clock{now: time.Now().UTC()}
 	reg := prometheus.NewRegistry()
-	svc, err := NewService(pool, provider.NewClient(sim.URL(), o.providerTimeout), kr, Config{Now: clk.Now, Lease: 30 * time.Second}, nil, reg)
+	svc, err := NewService(pool, provider.NewClient(sim.URL(), o.providerTimeout), kr, Config{Now: clk.Now, Lease: 30 * time.Second}, o.log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -77,12 +79,22 @@ func (c *Client) Inquire(ctx context.Context, operationID uuid.UUID) (Result, er
 }
 
 func (c *Client) do(hreq *http.Request) (Result, error) {
+	// Whether any attempt got a connection, so bytes of the request may have
+	// reached the provider. Go's transport retries a request carrying an
+	// Idempotency-Key on a new connection when a reused one fails, even after
+	// the request was sent; the error it returns is then the retry's, and a
+	// refused dial of the retry says nothing about the first attempt.
+	var gotConn atomic.Bool
+	hreq = hreq.WithContext(httptrace.WithClientTrace(hreq.Context(), &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) },
+	}))
 	resp, err := c.hc.Do(hreq)
 	if err != nil {
-		// A failed dial (refused, reset while connecting) means the request
-		// never left this process: nothing can have been processed.
+		// A failed dial (refused, reset while connecting) with no attempt
+		// ever holding a connection means the request never left this
+		// process: nothing can have been processed.
 		var opErr *net.OpError
-		if errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &opErr) && opErr.Op == "dial") {
+		if !gotConn.Load() && (errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &opErr) && opErr.Op == "dial")) {
 			return Result{}, fmt.Errorf("%w: %v", ErrNotProcessed, err)
 		}
 		return Result{}, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)

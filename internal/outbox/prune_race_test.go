@@ -1,0 +1,129 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/outbox"
+)
+
+// Pruning runs flat out, with a zero retention, while three relays drain
+// the outbox and some publishes fail and back off: it may only ever take
+// rows the relays already published. Every event reaches the broker, the
+// dead letters stay, and what pruning deleted plus what is left is exactly
+// what was written.
+func TestPruneUnderConcurrentRelays(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	events := bulkInsert(t, pool, "pr", 200, 15)
+	// A few dead letters an operator has not looked at yet.
+	var deadIDs []uuid.UUID
+	for _, e := range events[len(events)-20:] {
+		deadIDs = append(deadIDs, e.ID)
+	}
+	if changed, err := outbox.DeadLetter(ctx, pool, deadIDs, "parked by the test"); err != nil || len(changed) != len(deadIDs) {
+		t.Fatalf("dead-letter: %d changed (%v)", len(changed), err)
+	}
+
+	log := &pubLog{}
+	var relays []*outbox.Relay
+	for i := range 3 {
+		pub := &memPublisher{name: fmt.Sprintf("r%d", i), log: log, before: func(_ context.Context, m broker.Message) error {
+			h := fnv.New32a()
+			h.Write([]byte(m.ID))
+			if h.Sum32()%7 == 0 && time.Now().UnixNano()%2 == 0 {
+				return errors.New("broker hiccup")
+			}
+			return nil
+		}}
+		r, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{
+			Name: pub.name, BatchSize: 50, PollInterval: 10 * time.Millisecond, DisableListen: true,
+			MaxAttempts: 1000, Backoff: outbox.Backoff{Base: time.Millisecond, Cap: 5 * time.Millisecond},
+		}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		relays = append(relays, r)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, r := range relays {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.Run(runCtx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	var pruned atomic.Int64
+	var passes atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for runCtx.Err() == nil {
+			// Not runCtx: a statement cancelled mid-flight may still have
+			// committed, and its rows would go uncounted.
+			n, err := outbox.Prune(ctx, pool, 0, 100, time.Now().Add(time.Hour))
+			if err != nil {
+				t.Errorf("prune: %v", err)
+				return
+			}
+			pruned.Add(n)
+			passes.Add(1)
+		}
+	}()
+	waitFor(t, "the relays to drain while pruning runs", func() bool {
+		var pending int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE status = 'pending'`).Scan(&pending); err != nil {
+			t.Fatal(err)
+		}
+		return pending == 0 && pruned.Load() > 0
+	})
+	stop()
+	wg.Wait()
+	// One last pass after the relays stopped.
+	n, err := outbox.Prune(ctx, pool, 0, 100, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pruned.Add(n)
+
+	got := map[string]bool{}
+	for _, p := range log.all() {
+		got[p.Msg.ID] = true
+	}
+	dead := map[uuid.UUID]bool{}
+	for _, id := range deadIDs {
+		dead[id] = true
+	}
+	for _, e := range events {
+		if !dead[e.ID] && !got[e.ID.String()] {
+			t.Fatalf("event %s (%s #%d) never reached the broker: pruned before it was published?", e.ID, e.Agg, e.Seq)
+		}
+	}
+	c := statusCounts(t, pool)
+	if c[outbox.StatusDead] != len(deadIDs) || c[outbox.StatusPending] != 0 || c[outbox.StatusPublished] != 0 {
+		t.Fatalf("left after pruning: %v, want only the %d dead letters", c, len(deadIDs))
+	}
+	if int(pruned.Load()) != len(events)-len(deadIDs) {
+		t.Fatalf("pruning deleted %d rows, want the %d published ones", pruned.Load(), len(events)-len(deadIDs))
+	}
+	var failed int64
+	for _, r := range relays {
+		failed += r.Stats().Failed
+	}
+	t.Logf("%d prune passes, %d failed publishes retried", passes.Load(), failed)
+}
