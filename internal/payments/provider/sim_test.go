@@ -3,8 +3,10 @@ package provider
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,13 +125,31 @@ func TestBehaviours(t *testing.T) {
 
 func TestConnectionRefusedIsNotProcessed(t *testing.T) {
 	t.Parallel()
-	s := startSim(t, SimConfig{})
-	url := s.URL()
-	_ = s.Close()
-	c := NewClient(url, time.Second)
+	c := NewClient(refusingURL(t), time.Second)
 	if _, err := c.Charge(context.Background(), req(uuid.New())); !errors.Is(err, ErrNotProcessed) {
 		t.Fatalf("err = %v, want ErrNotProcessed", err)
 	}
+}
+
+// refusingURL is an address where a connection is refused for the whole
+// test: the port is bound but never listened on, so no parallel test can
+// take it over (a closed listener's port can be reused at once, and then a
+// stranger answers or resets instead of refusing).
+func refusingURL(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
 }
 
 func TestAdminEndpoints(t *testing.T) {
