@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -17,13 +18,12 @@ func (a *App) healthz(c echo.Context) error { return c.String(http.StatusOK, "ok
 func (a *App) readyz(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
 	defer cancel()
-	if err := a.pool.Ping(ctx); err != nil {
-		a.log.Warn("readyz: database unreachable", "err", err)
+	if err := db.Ready(ctx, a.pool); err != nil {
+		a.log.Warn("readyz: not ready", "err", err)
+		if errors.Is(err, db.ErrSchemaOutOfDate) {
+			return c.String(http.StatusServiceUnavailable, "schema out of date\n")
+		}
 		return c.String(http.StatusServiceUnavailable, "database unreachable\n")
-	}
-	if err := db.CheckSchema(ctx, a.pool); err != nil {
-		a.log.Warn("readyz: schema", "err", err)
-		return c.String(http.StatusServiceUnavailable, "schema out of date\n")
 	}
 	return c.String(http.StatusOK, "ready\n")
 }

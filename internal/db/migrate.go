@@ -138,3 +138,12 @@ func MigrationsHash() string {
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
+
+// Ready reports whether the database answers within the context's deadline
+// and carries the schema this binary ships: what every /readyz answers.
+func Ready(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := pool.Ping(ctx); err != nil {
+		return fmt.Errorf("database unreachable: %w", err)
+	}
+	return CheckSchema(ctx, pool)
+}

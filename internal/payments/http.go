@@ -1,21 +1,25 @@
 package payments
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/pii"
 )
 
 // Handler is the HTTP API: POST /v1/payments, GET /v1/payments/:operation_id,
-// GET /healthz. Every error is JSON {"code","message"} with a stable code.
+// GET /healthz (the process runs), GET /readyz (the database answers and its
+// schema is current). Every error is JSON {"code","message"} with a stable code.
 func (s *Service) Handler() http.Handler {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -23,6 +27,7 @@ func (s *Service) Handler() http.Handler {
 	e.POST("/v1/payments", s.handleCreate)
 	e.GET("/v1/payments/:operation_id", s.handleGet)
 	e.GET("/healthz", func(c echo.Context) error { return c.String(http.StatusOK, "ok\n") })
+	e.GET("/readyz", s.handleReady)
 	return e
 }
 
@@ -143,4 +148,14 @@ func (s *Service) MaskedCustomer(p Payment) map[string]string {
 		out[field] = pii.Show(field, clear)
 	}
 	return out
+}
+
+func (s *Service) handleReady(c echo.Context) error {
+	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
+	defer cancel()
+	if err := db.Ready(ctx, s.pool); err != nil {
+		s.log.Warn("payments: not ready", "err", err)
+		return writeError(c, http.StatusServiceUnavailable, "not_ready", "the database is unreachable or its schema is out of date")
+	}
+	return c.String(http.StatusOK, "ready\n")
 }
