@@ -42,7 +42,7 @@ func runPayments(ctx context.Context, e env, args []string) error {
 		defer fh.Close()
 		in, source = fh, c.File
 	}
-	pool, err := db.Open(ctx, c.DatabaseURL)
+	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)
 	if err != nil {
 		return err
 	}

@@ -34,14 +34,11 @@ func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	log := newLogger(e.stderr, c.LogLevel)
-	pool, err := db.Open(ctx, c.DatabaseURL)
+	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := db.CheckSchema(ctx, pool); err != nil {
-		return err
-	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	svc, err := payments.NewService(pool, provider.NewClient(c.ProviderURL, c.ProviderTimeout), kr, payments.Config{

@@ -26,14 +26,11 @@ func runPrune(ctx context.Context, e env, args []string) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	pool, err := db.Open(ctx, c.DatabaseURL)
+	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := db.CheckSchema(ctx, pool); err != nil {
-		return err
-	}
 	now := time.Now()
 	n, err := outbox.Prune(ctx, pool, c.OutboxRetention, c.BatchSize, now)
 	fmt.Fprintf(e.stdout, "outbox: deleted %d published events older than %s\n", n, c.OutboxRetention)

@@ -33,14 +33,11 @@ func runRelay(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	log := newLogger(e.stderr, c.LogLevel)
-	pool, err := db.Open(ctx, c.DatabaseURL)
+	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := db.CheckSchema(ctx, pool); err != nil {
-		return err
-	}
 	b, err := broker.Open(ctx, c.Broker.URL, broker.Options{Namespace: c.Broker.Namespace})
 	if err != nil {
 		return err

@@ -26,14 +26,11 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return fmt.Errorf("CONSOLE_ROLE_MAP: %w", err)
 	}
 	log := newLogger(e.stderr, c.LogLevel)
-	pool, err := db.Open(ctx, c.DatabaseURL)
+	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := db.CheckSchema(ctx, pool); err != nil {
-		return fmt.Errorf("%w: run `console migrate up`", err)
-	}
 	app, err := web.New(ctx, web.Config{
 		Addr: c.Addr, PublicURL: strings.TrimSuffix(c.PublicURL, "/"), MetricsAddr: c.MetricsAddr,
 		OIDCIssuer: c.OIDCIssuer, OIDCClientID: c.OIDCClientID, OIDCClientSecret: c.OIDCClientSecret,

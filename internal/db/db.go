@@ -111,3 +111,18 @@ func IsRetryable(err error) bool {
 	}
 	return false
 }
+
+// OpenCurrent is Open for the subcommands that read or write the product's
+// tables: it refuses a database whose schema is not the one this binary
+// ships, naming the fix (`console migrate up`).
+func OpenCurrent(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	pool, err := Open(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckSchema(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
