@@ -129,22 +129,52 @@ type loginPage struct {
 	callback func(context.Context, string) string
 }
 
+// The sign-in page is the first screen a newcomer sees; it carries its own
+// small stylesheet and no script at all.
 var loginTmpl = template.Must(template.New("login").Parse(`<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Sluice development sign-in</title></head>
-<body style="font-family:sans-serif;max-width:24rem;margin:4rem auto">
-<h1>Development sign-in</h1>
-<p>Demo users: support, oncall, auditor, admin (password = user name).</p>
-{{if .Error}}<p role="alert" data-testid="login-error">{{.Error}}</p>{{end}}
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Sign in · Sluice development provider</title>
+<link rel="icon" href="data:,">
+<style>
+body{margin:0;min-height:100vh;display:flex;align-items:center;justify-content:center;background:#f6f7f9;color:#1f2328;font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif}
+main{background:#fff;border:1px solid #d8dee4;border-radius:8px;padding:24px 28px;width:min(22rem,90vw)}
+h1{font-size:18px;margin:0 0 2px}.sub{color:#59636e;margin:0 0 16px;font-size:13px}
+label{display:block;font-weight:600;margin:10px 0 4px}
+input{box-sizing:border-box;width:100%;padding:7px 9px;border:1px solid #d0d7de;border-radius:6px;font:inherit}
+input:focus,button:focus{outline:2px solid #1f6feb;outline-offset:1px}
+button{margin-top:16px;width:100%;padding:8px;border:0;border-radius:6px;background:#1f6feb;color:#fff;font:inherit;font-weight:600;cursor:pointer}
+.err{background:#ffebe9;border:1px solid #ffc1bc;color:#a40e26;padding:6px 10px;border-radius:6px}
+table{width:100%;border-collapse:collapse;margin-top:18px;font-size:12px;color:#59636e}
+td{padding:3px 0;border-top:1px solid #eef0f2}code{color:#1f2328}
+</style></head>
+<body><main>
+<h1>Sign in</h1>
+<p class="sub">Sluice development identity provider — for the demo and tests only.</p>
+{{if .Error}}<p class="err" role="alert" data-testid="login-error">{{.Error}}</p>{{end}}
 <form method="post" action="/login">
 <input type="hidden" name="id" value="{{.ID}}">
-<p><label>User <input name="username" id="username" data-testid="username" autocomplete="username" autofocus></label></p>
-<p><label>Password <input name="password" id="password" data-testid="password" type="password" autocomplete="current-password"></label></p>
-<p><button type="submit" id="submit" data-testid="submit">Sign in</button></p>
-</form></body></html>`))
+<label for="username">User name</label>
+<input name="username" id="username" data-testid="username" autocomplete="username" autofocus required>
+<label for="password">Password</label>
+<input name="password" id="password" data-testid="password" type="password" autocomplete="current-password" required>
+<button type="submit" id="submit" data-testid="submit">Sign in</button>
+</form>
+<table aria-label="Demo users">
+<tr><td><code>support</code></td><td>viewer</td></tr>
+<tr><td><code>oncall</code></td><td>operator</td></tr>
+<tr><td><code>auditor</code></td><td>auditor</td></tr>
+<tr><td><code>admin</code></td><td>admin</td></tr>
+<tr><td colspan="2">The password is the user name.</td></tr>
+</table>
+</main></body></html>`))
 
 func (l *loginPage) render(w http.ResponseWriter, id, msg string, status int) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
+	// No script on this page at all; inline styles only. No form-action:
+	// browsers apply it to the redirect back to the console after sign-in.
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'; base-uri 'none'")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
 	_ = loginTmpl.Execute(w, struct{ ID, Error string }{id, msg})
 }

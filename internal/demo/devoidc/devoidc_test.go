@@ -40,6 +40,17 @@ func TestDiscoveryAndLoginForm(t *testing.T) {
 	if disc["issuer"] != s.Issuer() {
 		t.Fatalf("issuer %v", disc["issuer"])
 	}
+	// The sign-in page runs no script, and leaves form-action open: browsers
+	// apply it to the redirect back to the console after sign-in.
+	resp, err = http.Get(s.Issuer() + "/login?authRequestID=x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") ||
+		strings.Contains(csp, "script-src") || strings.Contains(csp, "form-action") {
+		t.Errorf("sign-in page CSP = %q", csp)
+	}
 	// A wrong password does not complete the request.
 	form := url.Values{"id": {"unknown"}, "username": {"admin"}, "password": {"admin"}}
 	resp, err = http.PostForm(s.Issuer()+"/login", form)
