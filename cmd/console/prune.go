@@ -31,7 +31,12 @@ func runPrune(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	now := time.Now()
+	// Retention is measured on the database's clock, the one that stamped
+	// published_at and processed_at, so a skewed host cannot prune early.
+	var now time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return fmt.Errorf("read the database clock: %w", err)
+	}
 	n, err := outbox.Prune(ctx, pool, c.OutboxRetention, c.BatchSize, now)
 	fmt.Fprintf(e.stdout, "outbox: deleted %d published events older than %s\n", n, c.OutboxRetention)
 	if err != nil {

@@ -320,6 +320,7 @@ func (s *Service) PruneOnce(ctx context.Context) (int, error) {
 			DELETE FROM idempotency_record WHERE ctid IN (
 				SELECT ctid FROM idempotency_record
 				WHERE expires_at < $1 AND status <> 'processing'
+				ORDER BY expires_at -- walk idempotency_record_expires_idx oldest first
 				LIMIT $2)`, s.now(), s.cfg.ExpiryBatch)
 		if err != nil {
 			return total, fmt.Errorf("payments: prune keys: %w", err)
