@@ -44,5 +44,10 @@ func runPrune(ctx context.Context, e env, args []string) error {
 	}
 	n, err = inbox.Prune(ctx, pool, c.InboxRetention, c.BatchSize, now)
 	fmt.Fprintf(e.stdout, "inbox: deleted %d processed message ids older than %s\n", n, c.InboxRetention)
+	if err != nil {
+		return err
+	}
+	n, err = inbox.PruneEffects(ctx, pool, c.InboxRetention, c.BatchSize, now)
+	fmt.Fprintf(e.stdout, "consume_effect: deleted %d reference-consumer effect rows older than %s\n", n, c.InboxRetention)
 	return err
 }

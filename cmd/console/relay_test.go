@@ -120,12 +120,16 @@ func TestPruneSubcommand(t *testing.T) {
 		  FROM generate_series(1, 40) g;
 		INSERT INTO inbox_message (consumer, message_id, processed_at)
 		SELECT 'c', 'm' || g, now() - CASE WHEN g <= 5 THEN interval '8 days' ELSE interval '1 day' END
-		  FROM generate_series(1, 8) g`)
+		  FROM generate_series(1, 8) g;
+		INSERT INTO consume_effect (consumer, event_id, topic, event_type, aggregate_type, aggregate_id, aggregate_seq, applied_at)
+		SELECT 'c', 'm' || g, 't', 't.v1', 'a', 'x', g, now() - CASE WHEN g <= 4 THEN interval '8 days' ELSE interval '1 day' END
+		  FROM generate_series(1, 6) g`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	code, out, stderr := runConsole(t, map[string]string{"DATABASE_URL": url, "PRUNE_BATCH_SIZE": "7"}, "prune")
-	if code != 0 || !strings.Contains(out, "outbox: deleted 30 ") || !strings.Contains(out, "inbox: deleted 5 ") {
+	if code != 0 || !strings.Contains(out, "outbox: deleted 30 ") || !strings.Contains(out, "inbox: deleted 5 ") ||
+		!strings.Contains(out, "consume_effect: deleted 4 ") {
 		t.Fatalf("prune: code %d, out %q, stderr %q", code, out, stderr)
 	}
 	var outboxLeft, inboxLeft int

@@ -282,3 +282,37 @@ func TestPruneNeverRemovesRowsInsideTheWindow(t *testing.T) {
 		t.Fatal("a zero batch was accepted")
 	}
 }
+
+// The reference consumer's effect rows are pruned with the inbox's retention,
+// in batches, never inside the window.
+func TestPruneEffectsKeepsTheWindow(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	now := time.Now().Truncate(time.Microsecond)
+	cutoff := now.Add(-inbox.DefaultRetention)
+	_, err := pool.Exec(ctx, `
+		INSERT INTO consume_effect (consumer, event_id, topic, event_type, aggregate_type, aggregate_id, aggregate_seq, applied_at)
+		SELECT 'c', 'old-' || g, 't', 't.v1', 'a', g::text, 1, $1::timestamptz - interval '1 microsecond' - (g - 1) * interval '1 hour'
+		  FROM generate_series(1, 70) g
+		UNION ALL
+		SELECT 'c', 'new-' || g, 't', 't.v1', 'a', g::text, 1, $1::timestamptz + (g - 1) * interval '1 minute'
+		  FROM generate_series(1, 30) g`, cutoff)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted, err := inbox.PruneEffects(ctx, pool, inbox.DefaultRetention, 20, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left, inside int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE event_id LIKE 'new-%') FROM consume_effect`).Scan(&left, &inside); err != nil {
+		t.Fatal(err)
+	}
+	if deleted != 70 || left != 30 || inside != 30 {
+		t.Fatalf("deleted %d, left %d (%d inside the window), want 70 deleted and the 30 inside kept", deleted, left, inside)
+	}
+	if _, err := inbox.PruneEffects(ctx, pool, inbox.DefaultRetention, inbox.MaxPruneBatch+1, now); err == nil {
+		t.Fatal("a batch over the maximum was accepted")
+	}
+}

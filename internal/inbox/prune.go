@@ -53,3 +53,32 @@ func Prune(ctx context.Context, q Execer, retention time.Duration, batch int, no
 		}
 	}
 }
+
+// PruneEffects deletes the reference consumer's consume_effect rows applied
+// before now-retention, in batches like Prune. Use the inbox's retention: an
+// effect row outlives the dedupe row that guarded it by no more than that.
+func PruneEffects(ctx context.Context, q Execer, retention time.Duration, batch int, now time.Time) (int64, error) {
+	if batch <= 0 || batch > MaxPruneBatch {
+		return 0, fmt.Errorf("inbox: prune batch must be 1–%d (got %d)", MaxPruneBatch, batch)
+	}
+	if retention < 0 {
+		return 0, fmt.Errorf("inbox: retention must not be negative (got %s)", retention)
+	}
+	cutoff := now.Add(-retention)
+	var total int64
+	for {
+		tag, err := q.Exec(ctx, `
+			DELETE FROM consume_effect
+			 WHERE effect_id IN (SELECT effect_id FROM consume_effect
+			                      WHERE applied_at < $1
+			                      ORDER BY applied_at
+			                      LIMIT $2)`, cutoff, batch)
+		if err != nil {
+			return total, fmt.Errorf("inbox: prune effects: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			return total, nil
+		}
+	}
+}
