@@ -95,10 +95,12 @@ func (d *Demo) startPayments(ctx context.Context) error {
 		return err
 	}
 	p.workload = payments.NewWorkload(payments.WorkloadConfig{
-		BaseURL:       p.url,
-		Accounts:      accounts,
-		Rate:          float64(d.cfg.PaymentRate),
-		ClientTimeout: 3 * time.Second,
+		BaseURL:  p.url,
+		Accounts: accounts,
+		Rate:     float64(d.cfg.PaymentRate),
+		// Shorter than the service's provider timeout: clients give up on slow or
+		// hanging charges and retry with the same key, the scenario of seed 002.
+		ClientTimeout: 1500 * time.Millisecond,
 		Pool:          d.pool,
 		Logger:        d.log,
 	})
@@ -119,8 +121,10 @@ func (p *paymentsPart) status(ctx context.Context) (string, error) {
 	if u.Count > 0 {
 		age = u.OldestAge.Round(time.Second).String()
 	}
-	return fmt.Sprintf("payments: completed %d, declined %d, unknown now %d (oldest %s), client retries %d",
-		w.Completed, w.Declined, u.Count, age, w.Retries), nil
+	// Same-key retries are answered from the stored result (replays);
+	// new-key retries for a paid invoice are refused by the business identity.
+	return fmt.Sprintf("payments: completed %d, declined %d, unknown now %d (oldest %s), client timeouts %d → same-key retries %d (replayed %d), new-key duplicates refused %d",
+		w.Completed, w.Declined, u.Count, age, w.Timeouts, w.Retries, w.Replays, w.DuplicateInvoice), nil
 }
 
 func (p *paymentsPart) close() error {
