@@ -37,6 +37,11 @@ func openDatabase(ctx context.Context, serverURL string) (*database, error) {
 		}
 		return &database{url: c.URL(), cluster: c}, nil
 	}
+	// Check the form before creating anything, so a refusal leaves nothing behind.
+	u, err := url.Parse(serverURL)
+	if err != nil || u.Scheme == "" {
+		return nil, fmt.Errorf("DATABASE_URL: the demo needs the URL form (postgres://user@host:port/db)")
+	}
 	cfg, err := pgx.ParseConfig(serverURL)
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
@@ -51,10 +56,6 @@ func openDatabase(ctx context.Context, serverURL string) (*database, error) {
 	name := "sluice_demo_" + hex.EncodeToString(b)
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		return nil, fmt.Errorf("create demo database on DATABASE_URL: %w", err)
-	}
-	u, err := url.Parse(serverURL)
-	if err != nil || u.Scheme == "" {
-		return nil, fmt.Errorf("DATABASE_URL: the demo needs the URL form (postgres://user@host:port/db)")
 	}
 	u.Path = "/" + name
 	return &database{url: u.String(), dropURL: serverURL, name: name}, nil
