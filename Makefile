@@ -1,7 +1,7 @@
 # The two set-up commands of README.md live here: `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test build generate check bench
+.PHONY: demo test build generate check
 
 demo: ## run the whole system on this machine (Ctrl-C stops and cleans up)
 	$(GO) run ./cmd/console demo
@@ -19,6 +19,3 @@ generate: ## regenerate templ components (commit the _templ.go files)
 check: ## what CI checks besides the tests
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
 	$(GO) vet ./...
-
-bench:
-	cd bench && ./run

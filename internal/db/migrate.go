@@ -16,7 +16,10 @@ import (
 )
 
 // Migrations are embedded, append-only and each runs in one transaction: a
-// released migration is never edited, a change is a new file.
+// released migration is never edited, a change is a new file. goose records
+// version numbers, not file names, so a file may be renamed to say what it
+// holds but never renumbered (version 3 was dropped before any release; the
+// gap is harmless).
 //
 //go:embed migrations/*.sql
 var migrationFS embed.FS

@@ -13,7 +13,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -115,9 +119,27 @@ func URL(t testing.TB) string {
 	return urlOf(Config(t))
 }
 
+// urlOf writes cfg back as a URL for code that opens its own pool. It keeps
+// the password: a TEST_DATABASE_URL that needs one must work for subcommand
+// tests too, not only for pools made from the parsed config.
 func urlOf(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig
-	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", c.User, c.Host, c.Port, c.Database)
+	u := url.URL{Scheme: "postgres", Path: "/" + c.Database}
+	if c.Password != "" {
+		u.User = url.UserPassword(c.User, c.Password)
+	} else {
+		u.User = url.User(c.User)
+	}
+	q := url.Values{"sslmode": {"disable"}}
+	if strings.HasPrefix(c.Host, "/") {
+		// A Unix socket folder cannot stand in the authority part.
+		q.Set("host", c.Host)
+		q.Set("port", strconv.Itoa(int(c.Port)))
+	} else {
+		u.Host = net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port)))
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // New returns a pool on a fresh, migrated database, closed when the test ends.

@@ -1,0 +1,19 @@
+package db
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// MigrateTo applies the migrations up to and including version, as a
+// database made by an earlier release would have them.
+func MigrateTo(ctx context.Context, pool *pgxpool.Pool, version int64) error {
+	p, sqlDB, err := provider(pool)
+	if err != nil {
+		return err
+	}
+	defer sqlDB.Close()
+	_, err = p.UpTo(ctx, version)
+	return err
+}
