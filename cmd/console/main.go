@@ -28,22 +28,23 @@ type env struct {
 
 type command struct {
 	summary string
+	verbs   []string // the verbs it takes, if any: `console <subcommand> <verb> [flags]`
 	run     func(ctx context.Context, e env, args []string) error
 }
 
 func commands() map[string]command {
 	return map[string]command{
-		"demo":         {"the whole system on one machine, alive in one command", runDemo},
-		"serve":        {"the web console", runServe},
-		"relay":        {"outbox relay worker (run as many as you like)", runRelay},
-		"consume":      {"reference consumer: broker → inbox-deduplicated effect", runConsume},
-		"payments-api": {"the reference payments service (Idempotency-Key API, recovery and reconcile workers)", runPaymentsAPI},
-		"payments":     {"payments operations: `payments reconcile --file F` applies a provider settlement file", runPayments},
-		"provider-sim": {"the simulated payment provider (its own HTTP server; fault mix set by flags)", runProviderSim},
-		"migrate":      {"apply (`migrate up`) or show (`migrate status`) the embedded schema migrations", runMigrate},
-		"prune":        {"one pruning pass (published outbox rows, inbox rows past retention), in small batches", runPrune},
-		"audit":        {"`audit verify`: walk the audit hash chain; exit 1 naming the first broken row", runAudit},
-		"version":      {"version, commit, schema version", runVersion},
+		"demo":         {"the whole system on one machine, alive in one command", nil, runDemo},
+		"serve":        {"the web console", nil, runServe},
+		"relay":        {"outbox relay worker (run as many as you like)", nil, runRelay},
+		"consume":      {"reference consumer: broker → inbox-deduplicated effect", nil, runConsume},
+		"payments-api": {"the reference payments service (Idempotency-Key API, recovery and reconcile workers)", nil, runPaymentsAPI},
+		"payments":     {"payments operations: `payments reconcile --file F` applies a provider settlement file", []string{"reconcile"}, runPayments},
+		"provider-sim": {"the simulated payment provider (its own HTTP server; fault mix set by flags)", nil, runProviderSim},
+		"migrate":      {"apply (`migrate up`) or show (`migrate status`) the embedded schema migrations", []string{"up", "status"}, runMigrate},
+		"prune":        {"one pruning pass (published outbox rows, inbox rows past retention), in small batches", nil, runPrune},
+		"audit":        {"`audit verify`: walk the audit hash chain; exit 1 naming the first broken row", []string{"verify"}, runAudit},
+		"version":      {"version, commit, schema version", nil, runVersion},
 	}
 }
 
@@ -85,7 +86,7 @@ func run(ctx context.Context, args []string, e env) int {
 }
 
 func usage(w io.Writer, cmds map[string]command) {
-	fmt.Fprintln(w, "Usage: console <subcommand> [flags]   (console <subcommand> --help for its flags)")
+	fmt.Fprintln(w, "Usage: console <subcommand> [verb] [flags]   (flags may follow the verb; `console <subcommand> [verb] --help` for its flags)")
 	fmt.Fprintln(w)
 	names := make([]string, 0, len(cmds))
 	for n := range cmds {

@@ -40,6 +40,7 @@ type Flags struct {
 	lookup Lookup
 	envErr []error
 	out    io.Writer
+	args   []string // positional arguments, in order
 }
 
 // NewFlags starts a flag set for subcommand name; usage text goes to out.
@@ -124,12 +125,31 @@ func (f *Flags) Bool(p *bool, name, env string, def bool, usage string) {
 
 // Parse reads the command line. It returns ErrHelp after printing usage, a
 // *UsageError for a bad command line, or the first malformed environment value.
+//
+// Flags and positional arguments may be interleaved (`console migrate status
+// --database-url X` and `console migrate --database-url X status` mean the
+// same): the standard flag package stops at the first positional argument,
+// which left `migrate up --help` running the migration instead of printing
+// help. A lone `--` ends the flags; everything after it is positional.
 func (f *Flags) Parse(args []string) error {
-	if err := f.fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return ErrHelp
+	f.args = nil
+	for rest := args; ; {
+		if err := f.fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return ErrHelp
+			}
+			return &UsageError{Err: err}
 		}
-		return &UsageError{Err: err}
+		left := f.fs.Args()
+		if consumed := len(rest) - len(left); consumed > 0 && rest[consumed-1] == "--" && !f.isValueOf(rest, consumed-1) {
+			f.args = append(f.args, left...)
+			break
+		}
+		if len(left) == 0 {
+			break
+		}
+		f.args = append(f.args, left[0])
+		rest = left[1:]
 	}
 	if len(f.envErr) > 0 {
 		return f.envErr[0]
@@ -137,8 +157,26 @@ func (f *Flags) Parse(args []string) error {
 	return nil
 }
 
-// Args are the positional arguments left after the flags.
-func (f *Flags) Args() []string { return f.fs.Args() }
+// isValueOf reports whether rest[i] is the value of the flag before it
+// (`--reason --`), not the end-of-flags marker.
+func (f *Flags) isValueOf(rest []string, i int) bool {
+	if i == 0 {
+		return false
+	}
+	name := strings.TrimLeft(rest[i-1], "-")
+	if !strings.HasPrefix(rest[i-1], "-") || strings.Contains(name, "=") {
+		return false
+	}
+	fl := f.fs.Lookup(name)
+	if fl == nil {
+		return false
+	}
+	b, ok := fl.Value.(interface{ IsBoolFlag() bool })
+	return !ok || !b.IsBoolFlag()
+}
+
+// Args are the positional arguments, wherever they stood among the flags.
+func (f *Flags) Args() []string { return f.args }
 
 // --- validation helpers: each message names the variable -----------------
 
