@@ -10,11 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-)
 
-// NotifyChannel is the LISTEN/NOTIFY channel that wakes the poller early
-// (the outbox relay may NOTIFY it after a batch).
-const NotifyChannel = "sluice_outbox"
+	"github.com/sluice-dev/sluice/internal/db"
+)
 
 // Fragment is one rendered piece of the dashboard, swapped by id.
 type Fragment struct {
@@ -91,8 +89,6 @@ type Feed struct {
 	order     []string
 	clients   map[*Client]struct{}
 	dropped   int64
-
-	wake chan struct{}
 }
 
 // New builds a feed reading snapshots through q. listen (may be nil) is the
@@ -114,14 +110,21 @@ func New(q Querier, listen *pgxpool.Pool, cfg Config) *Feed {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Feed{q: q, listen: listen, cfg: cfg, log: cfg.Logger, frags: map[string][]byte{},
-		clients: map[*Client]struct{}{}, wake: make(chan struct{}, 1)}
+		clients: map[*Client]struct{}{}}
 }
 
 // Run polls until ctx ends, then closes every client.
 func (f *Feed) Run(ctx context.Context) error {
 	defer f.closeAll(ClosedShutdown)
+	// Writers of outbox events poke db.OutboxChannel after committing: the
+	// dashboard then shows a new backlog before the next tick.
+	var wake <-chan struct{} // nil: never ready, tick only
 	if f.listen != nil {
-		go f.listenLoop(ctx)
+		l := db.NewListener(f.listen, db.OutboxChannel, f.log)
+		var wg sync.WaitGroup
+		wg.Go(func() { l.Run(ctx) })
+		defer wg.Wait()
+		wake = l.Wake()
 	}
 	t := time.NewTicker(f.cfg.Interval)
 	defer t.Stop()
@@ -135,7 +138,7 @@ func (f *Feed) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-		case <-f.wake:
+		case <-wake:
 			// NOTIFY serializes commits and can come in floods: never poll
 			// more often than MinInterval.
 			if wait := f.cfg.MinInterval - time.Since(last); wait > 0 {
@@ -146,45 +149,6 @@ func (f *Feed) Run(ctx context.Context) error {
 				}
 			}
 			t.Reset(f.cfg.Interval)
-		}
-	}
-}
-
-func (f *Feed) listenLoop(ctx context.Context) {
-	backoff := time.Second
-	for ctx.Err() == nil {
-		err := f.listenOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		f.log.Warn("live LISTEN connection lost; polling continues", "err", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 30*time.Second)
-	}
-}
-
-func (f *Feed) listenOnce(ctx context.Context) error {
-	pc, err := f.listen.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	// The connection stays in LISTEN state: it never goes back to the pool.
-	conn := pc.Hijack()
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
-		return err
-	}
-	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		select {
-		case f.wake <- struct{}{}:
-		default:
 		}
 	}
 }

@@ -189,7 +189,7 @@ func TestNotifyWakesThePollerEarly(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("NOTIFY did not wake the poller (ticks %d; the interval is an hour)", ticks)
 		}
-		if _, err := pool.Exec(ctx, `SELECT pg_notify($1, '')`, live.NotifyChannel); err != nil {
+		if _, err := pool.Exec(ctx, `SELECT pg_notify($1, '')`, db.OutboxChannel); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sluice-dev/sluice/internal/db"
 )
 
 // Execer runs one statement (a pool, a connection or a transaction).
@@ -31,7 +33,7 @@ type Notifier struct {
 	poke     chan struct{}
 }
 
-// NewNotifier builds a notifier sending on NotifyChannel through db at most
+// NewNotifier builds a notifier sending on db.OutboxChannel through db at most
 // once per interval (default 50ms). Start it with Run.
 func NewNotifier(db Execer, interval time.Duration, log *slog.Logger) *Notifier {
 	if interval <= 0 {
@@ -60,7 +62,7 @@ func (n *Notifier) Run(ctx context.Context) error {
 			return nil
 		case <-n.poke:
 		}
-		if _, err := n.db.Exec(ctx, `SELECT pg_notify($1, '')`, NotifyChannel); err != nil && ctx.Err() == nil {
+		if _, err := n.db.Exec(ctx, `SELECT pg_notify($1, '')`, db.OutboxChannel); err != nil && ctx.Err() == nil {
 			n.log.Warn("outbox: notify failed; relays will poll", "err", err)
 		}
 		select {

@@ -239,7 +239,7 @@ func TestNotifierWakesAnIdleRelay(t *testing.T) {
 	// pg_stat_activity shows a session waiting in LISTEN.
 	waitFor(t, "relay listening", func() bool {
 		var listening bool
-		_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN sluice_outbox')`).Scan(&listening)
+		_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND query IN ('LISTEN sluice_outbox', 'LISTEN "sluice_outbox"'))`).Scan(&listening)
 		return listening && r.Stats().Claimed == 0
 	})
 	bulkInsert(t, pool, "wake", 3, 1)

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/db"
 )
 
 // Publisher is what the relay needs from a broker.
@@ -531,17 +532,19 @@ func (r *Relay) release(ctx context.Context, evs []claimed, token uuid.UUID, del
 	return nil
 }
 
-// NotifyChannel is the LISTEN/NOTIFY channel that wakes relays early.
-const NotifyChannel = "sluice_outbox"
-
 // Run claims and publishes until ctx ends, then returns nil. It claims again
 // at once after a batch that was full or published anything, otherwise sleeps up to PollInterval or until a
-// NOTIFY on NotifyChannel arrives (a dedicated connection listens; polling
-// is the fallback when notifications are lost or the listener is down).
+// NOTIFY on db.OutboxChannel arrives (a db.Listener holds its own
+// connection; polling is the fallback when notifications are lost or the
+// listener is down). It returns only after the listener has stopped.
 func (r *Relay) Run(ctx context.Context) error {
-	wake := make(chan struct{}, 1)
+	var wake <-chan struct{} // nil: never ready, poll only
 	if !r.cfg.DisableListen {
-		go r.listen(ctx, wake)
+		l := db.NewListener(r.pool, db.OutboxChannel, r.log)
+		var wg sync.WaitGroup
+		wg.Go(func() { l.Run(ctx) })
+		defer wg.Wait()
+		wake = l.Wake()
 	}
 	r.log.Info("outbox: relay started", "batch", r.cfg.BatchSize, "lease", r.cfg.Lease, "poll", r.cfg.PollInterval, "ordered", !r.cfg.DisableOrdering)
 	for {
@@ -567,44 +570,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-wake:
 			t.Stop()
 		case <-t.C:
-		}
-	}
-}
-
-// listen holds a dedicated connection in LISTEN and turns notifications into
-// (coalesced) wake-ups. A pooled connection cannot be used: LISTEN is
-// per session and the session must stay open.
-func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
-	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, wake)
-		if ctx.Err() != nil {
-			return
-		}
-		r.log.Warn("outbox: listener lost; polling until it is back", "err", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(r.cfg.PollInterval):
-		}
-	}
-}
-
-func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
-	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
-		return err
-	}
-	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		select {
-		case wake <- struct{}{}:
-		default: // a wake-up is already pending
 		}
 	}
 }
