@@ -1,9 +1,9 @@
 package inbox
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-dev/sluice/internal/db"
 )
 
 type metrics struct {
@@ -29,16 +29,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"consumer"}),
 	}
 	for _, c := range []**prometheus.CounterVec{&m.processed, &m.duplicates, &m.stale} {
-		if err := reg.Register(*c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, err
-			}
-			existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
-			if !ok {
-				return nil, err
-			}
-			*c = existing
+		var err error
+		if *c, err = db.Register(reg, *c); err != nil {
+			return nil, err
 		}
 	}
 	return m, nil

@@ -1,9 +1,9 @@
 package outbox
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-dev/sluice/internal/db"
 )
 
 // metrics are the relay's collectors. Several relays in one process (the
@@ -45,33 +45,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	var err error
-	if m.published, err = register(reg, m.published); err != nil {
+	if m.published, err = db.Register(reg, m.published); err != nil {
 		return nil, err
 	}
-	if m.failures, err = register(reg, m.failures); err != nil {
+	if m.failures, err = db.Register(reg, m.failures); err != nil {
 		return nil, err
 	}
-	if m.duration, err = register(reg, m.duration); err != nil {
+	if m.duration, err = db.Register(reg, m.duration); err != nil {
 		return nil, err
 	}
-	if m.leaseExpired, err = register(reg, m.leaseExpired); err != nil {
+	if m.leaseExpired, err = db.Register(reg, m.leaseExpired); err != nil {
 		return nil, err
 	}
-	if m.dead, err = register(reg, m.dead); err != nil {
+	if m.dead, err = db.Register(reg, m.dead); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, err
-	}
-	return c, nil
 }
