@@ -3,6 +3,8 @@ package config
 import (
 	"strings"
 	"time"
+
+	"github.com/sluice-dev/sluice/internal/db"
 )
 
 // Broker names the message broker (relay, consume).
@@ -132,9 +134,6 @@ type Prune struct {
 	BatchSize       int
 }
 
-// MaxPruneBatch bounds PRUNE_BATCH_SIZE: one DELETE stays a short statement.
-const MaxPruneBatch = 5000
-
 // Register adds the pruning flags.
 func (c *Prune) Register(f *Flags) {
 	RegisterCommon(f, &c.Common)
@@ -150,8 +149,8 @@ func (c *Prune) Validate() error {
 	ck.PositiveDuration("OUTBOX_RETENTION", c.OutboxRetention)
 	ck.PositiveDuration("INBOX_RETENTION", c.InboxRetention)
 	ck.Positive("PRUNE_BATCH_SIZE", c.BatchSize)
-	if c.BatchSize > MaxPruneBatch {
-		ck.Failf("PRUNE_BATCH_SIZE must be at most %d (got %d)", MaxPruneBatch, c.BatchSize)
+	if c.BatchSize > db.MaxDeleteBatch {
+		ck.Failf("PRUNE_BATCH_SIZE must be at most %d (got %d)", db.MaxDeleteBatch, c.BatchSize)
 	}
 	return ck.Err()
 }

@@ -126,3 +126,27 @@ func OpenCurrent(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	}
 	return pool, nil
 }
+
+// Querier runs statements: a pool, a connection or a transaction. Functions
+// that work inside the caller's transaction or on their own take one.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// WithTxV is WithTx for a unit of work that returns a value: the value is
+// returned only when the transaction committed.
+func WithTxV[T any](ctx context.Context, db Beginner, fn func(tx pgx.Tx) (T, error)) (T, error) {
+	var v T
+	err := WithTx(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		v, err = fn(tx)
+		return err
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return v, nil
+}

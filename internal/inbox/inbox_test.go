@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/inbox"
 )
@@ -312,7 +313,7 @@ func TestPruneEffectsKeepsTheWindow(t *testing.T) {
 	if deleted != 70 || left != 30 || inside != 30 {
 		t.Fatalf("deleted %d, left %d (%d inside the window), want 70 deleted and the 30 inside kept", deleted, left, inside)
 	}
-	if _, err := inbox.PruneEffects(ctx, pool, inbox.DefaultRetention, inbox.MaxPruneBatch+1, now); err == nil {
+	if _, err := inbox.PruneEffects(ctx, pool, inbox.DefaultRetention, db.MaxDeleteBatch+1, now); err == nil {
 		t.Fatal("a batch over the maximum was accepted")
 	}
 }

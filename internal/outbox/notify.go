@@ -5,15 +5,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/sluice-dev/sluice/internal/db"
 )
-
-// Execer runs one statement (a pool, a connection or a transaction).
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
 
 // Notifier wakes sleeping relays after writers commit events, sending at
 // most one NOTIFY per interval however many events are written.
@@ -27,22 +20,22 @@ type Execer interface {
 // transaction. A lost wake-up (crash, listener reconnecting) costs at most the
 // relay's poll interval: polling is the fallback.
 type Notifier struct {
-	db       Execer
+	q        db.Querier
 	interval time.Duration
 	log      *slog.Logger
 	poke     chan struct{}
 }
 
-// NewNotifier builds a notifier sending on db.OutboxChannel through db at most
+// NewNotifier builds a notifier sending on db.OutboxChannel through q at most
 // once per interval (default 50ms). Start it with Run.
-func NewNotifier(db Execer, interval time.Duration, log *slog.Logger) *Notifier {
+func NewNotifier(q db.Querier, interval time.Duration, log *slog.Logger) *Notifier {
 	if interval <= 0 {
 		interval = 50 * time.Millisecond
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Notifier{db: db, interval: interval, log: log, poke: make(chan struct{}, 1)}
+	return &Notifier{q: q, interval: interval, log: log, poke: make(chan struct{}, 1)}
 }
 
 // Poke asks for a wake-up; it never blocks and never touches the database.
@@ -62,7 +55,7 @@ func (n *Notifier) Run(ctx context.Context) error {
 			return nil
 		case <-n.poke:
 		}
-		if _, err := n.db.Exec(ctx, `SELECT pg_notify($1, '')`, db.OutboxChannel); err != nil && ctx.Err() == nil {
+		if _, err := n.q.Exec(ctx, `SELECT pg_notify($1, '')`, db.OutboxChannel); err != nil && ctx.Err() == nil {
 			n.log.Warn("outbox: notify failed; relays will poll", "err", err)
 		}
 		select {

@@ -9,17 +9,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-)
 
-// Querier is a pool or a transaction: the operator functions run on their
-// own (one statement each) or inside a caller's transaction, so the console
-// can write its audit record in the same commit.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+	"github.com/sluice-dev/sluice/internal/db"
+)
 
 // ErrNotFound reports an outbox event that does not exist (any more).
 var ErrNotFound = errors.New("outbox: event not found")
@@ -51,7 +43,7 @@ func (r Row) InFlight(now time.Time) bool {
 }
 
 // Get reads one event.
-func Get(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
+func Get(ctx context.Context, q db.Querier, id uuid.UUID) (Row, error) {
 	var r Row
 	err := q.QueryRow(ctx, `
 		SELECT id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, headers, status,
@@ -74,7 +66,7 @@ func Get(ctx context.Context, q Querier, id uuid.UUID) (Row, error) {
 // lease, or missing is left alone and absent from changed. Attempts restart
 // at 0 so the event gets its full allowance again; last_error is kept as
 // history until the next attempt overwrites it.
-func Retry(ctx context.Context, q Querier, ids []uuid.UUID) (changed []uuid.UUID, err error) {
+func Retry(ctx context.Context, q db.Querier, ids []uuid.UUID) (changed []uuid.UUID, err error) {
 	return collectIDs(q.Query(ctx, `
 		UPDATE outbox_event
 		   SET status = 'pending', available_at = clock_timestamp(), attempts = 0,
@@ -89,7 +81,7 @@ func Retry(ctx context.Context, q Querier, ids []uuid.UUID) (changed []uuid.UUID
 // them until an operator retries. Compare-and-set: only pending events that
 // no relay holds under a live lease change (an in-flight event may already be
 // at the broker); the others are absent from changed.
-func DeadLetter(ctx context.Context, q Querier, ids []uuid.UUID, reason string) (changed []uuid.UUID, err error) {
+func DeadLetter(ctx context.Context, q db.Querier, ids []uuid.UUID, reason string) (changed []uuid.UUID, err error) {
 	if reason == "" {
 		return nil, errors.New("outbox: dead-letter needs a reason")
 	}
@@ -138,7 +130,7 @@ type Backlog struct {
 
 // ReadBacklog counts unfinished work. Both counts read only the partial
 // indexes' rows (pending and dead), so they cost O(backlog), never O(history).
-func ReadBacklog(ctx context.Context, q Querier) (Backlog, error) {
+func ReadBacklog(ctx context.Context, q db.Querier) (Backlog, error) {
 	var (
 		b      Backlog
 		oldest *time.Time
@@ -158,38 +150,21 @@ func ReadBacklog(ctx context.Context, q Querier) (Backlog, error) {
 	return b, nil
 }
 
-// MaxPruneBatch bounds one pruning statement: short statements keep locks,
-// WAL bursts and replica lag small.
-const MaxPruneBatch = 5000
-
 // Prune deletes published events whose published_at is older than
-// now-retention, at most batch rows per statement, until none are left. It
-// never touches pending or dead events. It returns how many rows it deleted.
-func Prune(ctx context.Context, q Querier, retention time.Duration, batch int, now time.Time) (int64, error) {
-	if batch <= 0 || batch > MaxPruneBatch {
-		return 0, fmt.Errorf("outbox: prune batch must be 1–%d (got %d)", MaxPruneBatch, batch)
-	}
+// now-retention, at most batch rows per statement (db.MaxDeleteBatch at
+// most), until none are left. It never touches pending or dead events. It
+// returns how many rows it deleted.
+func Prune(ctx context.Context, q db.Querier, retention time.Duration, batch int, now time.Time) (int64, error) {
 	if retention < 0 {
 		return 0, fmt.Errorf("outbox: retention must not be negative (got %s)", retention)
 	}
-	cutoff := now.Add(-retention)
-	var total int64
-	for {
-		// Oldest first along outbox_event_published_idx; the outer status
-		// check is belt and braces (published is terminal).
-		tag, err := q.Exec(ctx, `
-			DELETE FROM outbox_event
-			 WHERE id IN (SELECT id FROM outbox_event
-			               WHERE status = 'published' AND published_at < $1
-			               ORDER BY published_at
-			               LIMIT $2)
-			   AND status = 'published'`, cutoff, batch)
-		if err != nil {
-			return total, fmt.Errorf("outbox: prune: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batch) {
-			return total, nil
-		}
-	}
+	// Oldest first along outbox_event_published_idx; the outer status check
+	// is belt and braces (published is terminal).
+	return db.DeleteInBatches(ctx, q, "outbox: prune", `
+		DELETE FROM outbox_event
+		 WHERE id IN (SELECT id FROM outbox_event
+		               WHERE status = 'published' AND published_at < $1
+		               ORDER BY published_at
+		               LIMIT $2)
+		   AND status = 'published'`, now.Add(-retention), batch)
 }

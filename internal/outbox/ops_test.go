@@ -200,7 +200,7 @@ func TestPruneNeverRemovesPendingOrDead(t *testing.T) {
 	if n, err := outbox.Prune(ctx, pool, retention, 7, now); err != nil || n != 0 {
 		t.Fatalf("second prune deleted %d (%v)", n, err)
 	}
-	if _, err := outbox.Prune(ctx, pool, retention, outbox.MaxPruneBatch+1, now); err == nil {
+	if _, err := outbox.Prune(ctx, pool, retention, db.MaxDeleteBatch+1, now); err == nil {
 		t.Fatal("an oversized prune batch was accepted")
 	}
 }
