@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,13 +16,13 @@ import (
 func runPayments(ctx context.Context, e env, args []string) error {
 	if len(args) == 0 || args[0] != "reconcile" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			fmt.Fprintln(e.stdout, "Usage: console payments reconcile --file F   (apply a provider settlement file)")
+			fmt.Fprintln(e.stdout, "Usage: console payments reconcile --file F [--dry-run]   (apply a provider settlement file)")
 			return config.ErrHelp
 		}
-		return &config.UsageError{Err: fmt.Errorf("want `payments reconcile --file F`")}
+		return &config.UsageError{Err: fmt.Errorf("want `payments reconcile --file F [--dry-run]`")}
 	}
 	var c config.PaymentsReconcile
-	f := config.NewFlags("payments reconcile", "Apply a provider settlement file (the end-of-day path): CSV lines operation_id,outcome[,provider_ref],\noutcome succeeded|failed. Each unknown payment named is resolved once (a line is a definite provider\nanswer); each line's result is printed, then a summary. Bad lines are reported and skipped.", e.lookup, e.stderr)
+	f := config.NewFlags("payments reconcile", "Apply a provider settlement file (the end-of-day path): CSV lines operation_id,outcome[,provider_ref],\noutcome succeeded|failed. The whole file is read and validated first: one invalid line (or an empty file)\nand nothing is applied. Then each unknown payment named is resolved once (a line is a definite provider\nanswer); a final payment the file contradicts gets a discrepancy for an operator and is not changed.\nEach line's result is printed, then a summary. Applying a file twice changes nothing the second time.\nWith --dry-run it prints what it would change and changes nothing.\nExit 1 when the file is invalid or empty, names charges we have no payment for, or contradicts us.", e.lookup, e.stderr)
 	c.Register(f)
 	if err := f.Parse(args[1:]); err != nil {
 		return err
@@ -47,14 +48,28 @@ func runPayments(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	if c.DryRun {
+		fmt.Fprintln(e.stdout, "dry run: nothing is changed")
+	}
 	sum, err := payments.ApplySettlement(ctx, pool, in, payments.SettlementOptions{
-		Source: source, Topic: c.Topic,
+		Source: source, Topic: c.Topic, DryRun: c.DryRun,
 		Report: func(l payments.SettlementLine) {
 			fmt.Fprintf(e.stdout, "line %d\t%s\t%s\t%s\t%s\n", l.Line, l.Result, l.OperationID, l.Outcome, l.Message)
 		},
 	})
-	if err != nil {
-		return err
+	var serr *payments.SettlementError
+	switch {
+	case errors.As(err, &serr):
+		// Every problem on its own line for the operator, one line of
+		// reason on stderr.
+		for _, p := range serr.Problems {
+			fmt.Fprintf(e.stdout, "line %d\tinvalid\t%s\n", p.Line, p.Message)
+		}
+		return fmt.Errorf("settlement file %s: %d invalid line(s) (first: line %d: %s); nothing applied", source, len(serr.Problems), serr.Problems[0].Line, serr.Problems[0].Message)
+	case errors.Is(err, payments.ErrEmptySettlement):
+		return fmt.Errorf("settlement file %s has no settlement lines; nothing applied", source)
+	case err != nil:
+		return fmt.Errorf("settlement file %s: %w", source, err)
 	}
 	keys := make([]string, 0, len(sum))
 	total := 0
@@ -63,13 +78,16 @@ func runPayments(ctx context.Context, e env, args []string) error {
 		total += n
 	}
 	sort.Strings(keys)
+	if c.DryRun {
+		fmt.Fprint(e.stdout, "dry run ")
+	}
 	fmt.Fprintf(e.stdout, "summary: %d line(s)", total)
 	for _, k := range keys {
 		fmt.Fprintf(e.stdout, ", %s %d", k, sum[k])
 	}
 	fmt.Fprintln(e.stdout)
-	if sum[payments.LineInvalid] > 0 || sum[payments.LineMismatch] > 0 {
-		return fmt.Errorf("%d invalid line(s), %d mismatch(es): see the lines above", sum[payments.LineInvalid], sum[payments.LineMismatch])
+	if n, d := sum[payments.LineNotFound], sum[payments.LineDiscrepancy]; n > 0 || d > 0 {
+		return fmt.Errorf("%d charge(s) at the provider with no payment of ours, %d discrepancy(ies) with our records: see the lines above", n, d)
 	}
 	return nil
 }

@@ -13,8 +13,10 @@ import (
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 )
 
-// `console payments reconcile --file F` resolves an unknown payment from a
-// settlement line, reports a bad line, and exits 1 because of it.
+// `console payments reconcile --file F [--dry-run]`: a file with an invalid
+// line or no lines applies nothing and exits 1 naming the line; --dry-run
+// prints what would change and changes nothing; the real run settles the
+// unknown payment; a charge we have no payment for exits 1.
 func TestPaymentsReconcileFile(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t)
@@ -34,22 +36,63 @@ func TestPaymentsReconcileFile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	file := filepath.Join(t.TempDir(), "eod.csv")
-	if err := os.WriteFile(file, []byte("operation_id,outcome,provider_ref\n"+op.String()+",succeeded,ref-9\nnot-a-uuid,failed\n"), 0o600); err != nil {
-		t.Fatal(err)
+	state := func() string {
+		t.Helper()
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT concat_ws(' ', p.status, a.balance, a.reserved, (SELECT count(*) FROM ledger_entry), (SELECT count(*) FROM outbox_event))
+			FROM payment p JOIN account a USING (account_id)`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
 	}
-	code, out, stderr := runConsole(t, map[string]string{"DATABASE_URL": url}, "payments", "reconcile", "--file", file)
-	if code != 1 || !strings.Contains(out, "resolved") || !strings.Contains(out, "invalid") || !strings.Contains(out, "summary: 2 line(s)") {
-		t.Fatalf("code %d\nstdout %s\nstderr %s", code, out, stderr)
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
 	}
-	var status, balance, reserved string
-	if err := pool.QueryRow(ctx, `SELECT p.status, a.balance::text, a.reserved::text FROM payment p JOIN account a USING (account_id)`).Scan(&status, &balance, &reserved); err != nil {
-		t.Fatal(err)
+	envs := map[string]string{"DATABASE_URL": url}
+	before := state()
+
+	bad := write("bad.csv", "operation_id,outcome,provider_ref\n"+op.String()+",succeeded,ref-9\nnot-a-uuid,failed\n")
+	code, out, stderr := runConsole(t, envs, "payments", "reconcile", "--file", bad)
+	if code != 1 || !strings.Contains(stderr, "line 3") || strings.Count(stderr, "\n") != 1 || !strings.Contains(out, "line 3\tinvalid") {
+		t.Fatalf("invalid line: code %d\nstdout %s\nstderr %s", code, out, stderr)
 	}
-	if status != "completed" || balance != "400.00" || reserved != "0.00" {
-		t.Fatalf("after reconcile: %s balance %s reserved %s", status, balance, reserved)
+	if s := state(); s != before {
+		t.Fatalf("an invalid file changed the database: %s → %s", before, s)
 	}
-	if code, _, _ := runConsole(t, map[string]string{"DATABASE_URL": url}, "payments", "reconcile"); code != 1 {
+	if code, _, stderr := runConsole(t, envs, "payments", "reconcile", "--file", write("empty.csv", "\xef\xbb\xbfoperation_id,outcome\n")); code != 1 || !strings.Contains(stderr, "no settlement lines") {
+		t.Fatalf("empty file: code %d stderr %s", code, stderr)
+	}
+
+	good := write("eod.csv", "\xef\xbb\xbfoperation_id,outcome,provider_ref\n"+op.String()+",succeeded,ref-9\n")
+	code, out, stderr = runConsole(t, envs, "payments", "reconcile", "--file", good, "--dry-run")
+	if code != 0 || !strings.Contains(out, "dry run") || !strings.Contains(out, "would resolve unknown → completed") {
+		t.Fatalf("dry run: code %d\nstdout %s\nstderr %s", code, out, stderr)
+	}
+	if s := state(); s != before {
+		t.Fatalf("--dry-run changed the database: %s → %s", before, s)
+	}
+	code, out, stderr = runConsole(t, envs, "payments", "reconcile", "--file", good)
+	if code != 0 || !strings.Contains(out, "summary: 1 line(s), resolved 1") {
+		t.Fatalf("apply: code %d\nstdout %s\nstderr %s", code, out, stderr)
+	}
+	if s := state(); !strings.HasPrefix(s, "completed 400.00 0.00 1 ") {
+		t.Fatalf("after reconcile: %s", s)
+	}
+	applied := state()
+	if code, out, _ := runConsole(t, envs, "payments", "reconcile", "--file", good); code != 0 || !strings.Contains(out, "agreed 1") || state() != applied {
+		t.Fatalf("second application: code %d %s %s", code, out, state())
+	}
+
+	stranger := write("stranger.csv", uuid.NewString()+",succeeded\n")
+	if code, out, stderr := runConsole(t, envs, "payments", "reconcile", "--file", stranger); code != 1 || !strings.Contains(out, "not_found") || !strings.Contains(stderr, "no payment of ours") {
+		t.Fatalf("not_found: code %d\nstdout %s\nstderr %s", code, out, stderr)
+	}
+	if code, _, _ := runConsole(t, envs, "payments", "reconcile"); code != 1 {
 		t.Fatalf("missing --file: code %d", code)
 	}
 	if code, _, _ := runConsole(t, nil, "payments", "frobnicate"); code != 2 {

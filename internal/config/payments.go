@@ -133,6 +133,7 @@ type PaymentsReconcile struct {
 	DatabaseURL string
 	File        string
 	Topic       string
+	DryRun      bool
 }
 
 // Register adds the flags.
@@ -140,6 +141,7 @@ func (c *PaymentsReconcile) Register(f *Flags) {
 	f.String(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL ≥ 15 connection URL")
 	f.String(&c.File, "file", "PAYMENTS_SETTLEMENT_FILE", "", "provider settlement file: CSV operation_id,outcome[,provider_ref] (outcome succeeded|failed); - for stdin")
 	f.String(&c.Topic, "topic", "PAYMENTS_TOPIC", "sluice.payments", "outbox topic of payment.* events")
+	f.Bool(&c.DryRun, "dry-run", "PAYMENTS_SETTLEMENT_DRY_RUN", false, "print what the file would change and change nothing")
 }
 
 // Validate checks the settings.

@@ -15,6 +15,7 @@ type metrics struct {
 	conflicts    *prometheus.CounterVec
 	unknown      prometheus.Gauge
 	reconcileAge prometheus.Gauge
+	discrepancy  prometheus.Gauge
 	payments     *prometheus.CounterVec
 	providerCall *prometheus.HistogramVec
 }
@@ -35,6 +36,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sluice_payments_reconcile_age_seconds",
 			Help: "Age of the oldest unknown payment (0 when there is none).",
 		}),
+		discrepancy: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_payments_discrepancies",
+			Help: "Open discrepancies: final payments the provider's evidence contradicts (e.g. failed here, charged there), waiting for an operator.",
+		}),
 		payments: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_payments_total",
 			Help: "Payment outcomes recorded, by outcome (completed, failed, unknown, insufficient_funds, rejected).",
@@ -52,7 +57,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.payments.WithLabelValues(o)
 	}
 	if reg != nil {
-		reg.MustRegister(m.conflicts, m.unknown, m.reconcileAge, m.payments, m.providerCall)
+		reg.MustRegister(m.conflicts, m.unknown, m.reconcileAge, m.discrepancy, m.payments, m.providerCall)
 	}
 	return m
 }

@@ -32,6 +32,13 @@ func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d d
 	if to == StatusUnknown {
 		d.nextInquiry = now.Add(s.cfg.InquiryBackoff)
 	}
+	if to == StatusFailed && d.failureCode == CodeProviderUnavailable {
+		// "Not processed" is the provider's word, or our reading of the
+		// network; if either was wrong the money moved while we released it.
+		// The reconcile worker checks a few times by inquiry and files a
+		// discrepancy if the provider says it charged (never flips it).
+		d.nextInquiry = now.Add(s.cfg.InquiryBackoff)
+	}
 	var rec Record
 	err := db.WithTx(ctx, s.pool, func(tx pgx.Tx) error {
 		if fence != nil {
@@ -99,8 +106,10 @@ func Resolve(ctx context.Context, tx pgx.Tx, operationID uuid.UUID, outcome Outc
 // status = from makes it happen once, and the reservation, ledger, event
 // and stored response change in the same transaction.
 func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d details, now time.Time, topic string) (Payment, Record, error) {
+	// Due inquiries: of an unknown payment, or the bounded re-checks of one
+	// failed as provider_unavailable (settle sets them); none otherwise.
 	var nextInquiry *time.Time
-	if to == StatusUnknown {
+	if !d.nextInquiry.IsZero() {
 		nextInquiry = &d.nextInquiry
 	}
 	p, err := scanPayment(tx.QueryRow(ctx, `

@@ -1,13 +1,18 @@
 package payments
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/csv"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -17,13 +22,164 @@ import (
 
 // Results of one settlement line.
 const (
-	LineResolved   = "resolved"   // an unknown payment moved to the file's outcome
-	LineAgreed     = "agreed"     // the payment was already in the file's outcome
-	LineMismatch   = "mismatch"   // the payment is final with the other outcome: an operator must look
-	LineProcessing = "processing" // still in flight; apply the file again later
-	LineNotFound   = "not_found"  // no such payment
-	LineInvalid    = "invalid"    // the line could not be read
+	LineResolved    = "resolved"    // an unknown payment moved to the file's outcome
+	LineAgreed      = "agreed"      // the payment was already in the file's outcome
+	LineDiscrepancy = "discrepancy" // the payment is final with the other outcome: recorded for an operator, nothing changed
+	LineProcessing  = "processing"  // still in flight; apply the file again later
+	LineNotFound    = "not_found"   // the provider reports a charge we have no payment for
 )
+
+// Errors of ParseSettlement (and so of ApplySettlement, before it changes
+// anything).
+var (
+	ErrInvalidSettlement = errors.New("payments: invalid settlement file")
+	ErrEmptySettlement   = errors.New("payments: settlement file has no settlement lines")
+)
+
+// SettlementProblem is one invalid line.
+type SettlementProblem struct {
+	Line    int
+	Message string
+}
+
+// SettlementError lists every invalid line of a rejected file.
+type SettlementError struct{ Problems []SettlementProblem }
+
+// Error is one line: the count and the problems, each with its line number.
+func (e *SettlementError) Error() string {
+	parts := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		parts[i] = fmt.Sprintf("line %d: %s", p.Line, p.Message)
+	}
+	return fmt.Sprintf("%d invalid line(s), nothing applied: %s", len(e.Problems), strings.Join(parts, "; "))
+}
+
+func (e *SettlementError) Unwrap() error { return ErrInvalidSettlement }
+
+// SettlementEntry is one valid line of a settlement file.
+type SettlementEntry struct {
+	Line        int
+	OperationID uuid.UUID
+	Outcome     Outcome
+	ProviderRef string
+}
+
+// SettlementFile is a settlement file read whole and validated.
+type SettlementFile struct {
+	Entries []SettlementEntry
+	SHA256  string // of the file's bytes as given: the evidence's identity
+}
+
+// maxSettlementBytes bounds what ParseSettlement reads into memory.
+const maxSettlementBytes = 256 << 20
+
+// ParseSettlement reads and validates a whole provider settlement file (CSV,
+// one record per line: operation_id,outcome[,provider_ref]; outcome
+// succeeded|failed; an optional header line; '#' comments and blank lines
+// ignored; a UTF-8 byte order mark accepted). Every line is checked on its
+// own, so a broken quote cannot swallow the lines after it, and every
+// problem is returned with its line number in a *SettlementError. A file
+// without a single settlement line is ErrEmptySettlement.
+func ParseSettlement(r io.Reader) (SettlementFile, error) {
+	raw, err := io.ReadAll(io.LimitReader(r, maxSettlementBytes+1))
+	if err != nil {
+		return SettlementFile{}, fmt.Errorf("payments: read settlement file: %w", err)
+	}
+	if len(raw) > maxSettlementBytes {
+		return SettlementFile{}, fmt.Errorf("%w: larger than %d bytes", ErrInvalidSettlement, maxSettlementBytes)
+	}
+	sum := sha256.Sum256(raw)
+	f := SettlementFile{SHA256: hex.EncodeToString(sum[:])}
+	var problems []SettlementProblem
+	seen := map[uuid.UUID]SettlementEntry{}
+	sc := bufio.NewScanner(bytes.NewReader(bytes.TrimPrefix(raw, []byte("\xef\xbb\xbf"))))
+	sc.Buffer(make([]byte, 64<<10), maxSettlementBytes)
+	line, first := 0, true
+	for sc.Scan() {
+		line++
+		text := strings.TrimRight(sc.Text(), "\r")
+		trimmed := strings.TrimSpace(text)
+		if trimmed == "" || strings.HasPrefix(trimmed, "#") {
+			continue
+		}
+		e, err := parseSettlementLine(text)
+		if first {
+			first = false
+			if fields, ferr := splitCSV(text); ferr == nil && strings.EqualFold(strings.TrimSpace(fields[0]), "operation_id") {
+				continue // the header
+			}
+		}
+		if err != nil {
+			problems = append(problems, SettlementProblem{Line: line, Message: err.Error()})
+			continue
+		}
+		e.Line = line
+		if prev, ok := seen[e.OperationID]; ok && prev.Outcome != e.Outcome {
+			problems = append(problems, SettlementProblem{Line: line, Message: fmt.Sprintf("operation %s is %s here but %s on line %d", e.OperationID, e.Outcome, prev.Outcome, prev.Line)})
+			continue
+		}
+		seen[e.OperationID] = e
+		f.Entries = append(f.Entries, e)
+	}
+	if err := sc.Err(); err != nil {
+		return SettlementFile{}, fmt.Errorf("payments: read settlement file after line %d: %w", line, err)
+	}
+	if len(problems) > 0 {
+		return SettlementFile{}, &SettlementError{Problems: problems}
+	}
+	if len(f.Entries) == 0 {
+		return SettlementFile{}, ErrEmptySettlement
+	}
+	return f, nil
+}
+
+// splitCSV reads one line as one CSV record.
+func splitCSV(text string) ([]string, error) {
+	cr := csv.NewReader(strings.NewReader(text))
+	cr.FieldsPerRecord = -1
+	cr.TrimLeadingSpace = true
+	rec, err := cr.Read()
+	if err != nil {
+		var pe *csv.ParseError
+		if errors.As(err, &pe) {
+			return nil, fmt.Errorf("not CSV: %v", pe.Err)
+		}
+		return nil, fmt.Errorf("not CSV: %v", err)
+	}
+	if _, err := cr.Read(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("not CSV: a quoted field runs past the end of the line")
+	}
+	return rec, nil
+}
+
+func parseSettlementLine(text string) (SettlementEntry, error) {
+	if !utf8.ValidString(text) {
+		return SettlementEntry{}, errors.New("not UTF-8")
+	}
+	rec, err := splitCSV(text)
+	if err != nil {
+		return SettlementEntry{}, err
+	}
+	if len(rec) < 2 || len(rec) > 3 {
+		return SettlementEntry{}, fmt.Errorf("want operation_id,outcome[,provider_ref], got %d field(s)", len(rec))
+	}
+	op, err := uuid.Parse(strings.TrimSpace(rec[0]))
+	if err != nil {
+		return SettlementEntry{}, errors.New("operation_id is not a UUID")
+	}
+	outcome, err := ParseOutcome(strings.ToLower(strings.TrimSpace(rec[1])))
+	if err != nil {
+		return SettlementEntry{}, errors.New("outcome must be succeeded or failed")
+	}
+	e := SettlementEntry{OperationID: op, Outcome: outcome}
+	if len(rec) == 3 {
+		e.ProviderRef = strings.TrimSpace(rec[2])
+		if len(e.ProviderRef) > 200 {
+			return SettlementEntry{}, errors.New("provider_ref is longer than 200 characters")
+		}
+	}
+	return e, nil
+}
 
 // DB is a pool (or a connection): it begins transactions and queries.
 type DB interface {
@@ -31,7 +187,8 @@ type DB interface {
 	querier
 }
 
-// SettlementLine is what happened to one line of a settlement file.
+// SettlementLine is what happened (or, in a dry run, would happen) to one
+// line of a settlement file.
 type SettlementLine struct {
 	Line        int
 	OperationID string
@@ -49,14 +206,16 @@ type SettlementOptions struct {
 	Topic  string               // outbox topic (default sluice.payments)
 	Now    func() time.Time     // default time.Now
 	Report func(SettlementLine) // called once per line, in order
+	DryRun bool                 // read only: report what applying would do, change nothing
 }
 
-// ApplySettlement reads a provider settlement file (CSV:
-// operation_id,outcome[,provider_ref]; outcome succeeded|failed; an
-// optional header line; '#' comments) and resolves each unknown payment it
-// names, one transaction per line. A settlement line is a definite provider
-// answer, so it may fail an unknown payment and release its reservation.
-// Bad lines are reported and skipped; the rest still apply.
+// ApplySettlement reads a provider settlement file whole (ParseSettlement)
+// and, only if every line is valid, applies it line by line, one
+// transaction per line. A line is a definite provider answer: it resolves
+// an unknown payment once (so it may fail one and release its
+// reservation); about a final payment it contradicts it records a
+// discrepancy and changes nothing else. Applying the same file again
+// changes nothing. With DryRun nothing is written.
 func ApplySettlement(ctx context.Context, b DB, r io.Reader, o SettlementOptions) (SettlementSummary, error) {
 	if o.Topic == "" {
 		o.Topic = DefaultTopic
@@ -64,104 +223,117 @@ func ApplySettlement(ctx context.Context, b DB, r io.Reader, o SettlementOptions
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	cr := csv.NewReader(r)
-	cr.FieldsPerRecord = -1
-	cr.Comment = '#'
-	cr.TrimLeadingSpace = true
-	cr.ReuseRecord = true
+	f, err := ParseSettlement(r)
+	if err != nil {
+		return nil, err
+	}
 	sum := SettlementSummary{}
-	report := func(l SettlementLine) {
+	for _, e := range f.Entries {
+		if err := ctx.Err(); err != nil {
+			return sum, err
+		}
+		var l SettlementLine
+		if o.DryRun {
+			l, err = planLine(ctx, b, e)
+		} else {
+			l, err = applyLine(ctx, b, f, e, o)
+		}
+		if err != nil {
+			// Lines before this one are applied; each is idempotent, so the
+			// file can be applied again once the cause is fixed.
+			return sum, fmt.Errorf("payments: settlement line %d (%s): %w", e.Line, e.OperationID, err)
+		}
 		sum[l.Result]++
 		if o.Report != nil {
 			o.Report(l)
 		}
 	}
-	first := true
-	for {
-		rec, err := cr.Read()
-		if errors.Is(err, io.EOF) {
-			return sum, nil
-		}
-		if err != nil {
-			var pe *csv.ParseError
-			if errors.As(err, &pe) {
-				report(SettlementLine{Line: pe.StartLine, Result: LineInvalid, Message: "not CSV: " + pe.Err.Error()})
-				continue
-			}
-			return sum, err
-		}
-		line, _ := cr.FieldPos(0)
-		if first {
-			first = false
-			if strings.EqualFold(strings.TrimSpace(rec[0]), "operation_id") {
-				continue
-			}
-		}
-		if ctx.Err() != nil {
-			return sum, ctx.Err()
-		}
-		report(applyLine(ctx, b, line, rec, o))
+	return sum, nil
+}
+
+func statusOf(o Outcome) Status {
+	if o == OutcomeFailed {
+		return StatusFailed
+	}
+	return StatusCompleted
+}
+
+// classify says what a line means for a payment that is not unknown.
+func classify(l *SettlementLine, cur Payment, want Status) {
+	switch {
+	case cur.Status == want:
+		l.Result, l.Message = LineAgreed, "already "+string(cur.Status)
+	case cur.Status == StatusProcessing:
+		l.Result, l.Message = LineProcessing, "still processing; apply the file again later"
+	default:
+		l.Result, l.Message = LineDiscrepancy, fmt.Sprintf("payment is %s but the provider says %s: discrepancy for an operator, payment unchanged", cur.Status, l.Outcome)
 	}
 }
 
-func applyLine(ctx context.Context, b DB, line int, rec []string, o SettlementOptions) SettlementLine {
-	l := SettlementLine{Line: line}
-	if len(rec) < 2 || len(rec) > 3 {
-		l.Result, l.Message = LineInvalid, fmt.Sprintf("want operation_id,outcome[,provider_ref], got %d fields", len(rec))
-		return l
-	}
-	raw := strings.TrimSpace(rec[0])
-	op, err := uuid.Parse(raw)
-	if err != nil {
-		l.Result, l.Message = LineInvalid, "operation_id is not a UUID"
-		return l
-	}
-	l.OperationID = op.String()
-	outcome, err := ParseOutcome(strings.ToLower(strings.TrimSpace(rec[1])))
-	if err != nil {
-		l.Result, l.Message = LineInvalid, "outcome must be succeeded or failed"
-		return l
-	}
-	l.Outcome = outcome
-	ref := ""
-	if len(rec) == 3 {
-		ref = strings.TrimSpace(rec[2])
-		if len(ref) > 200 {
-			l.Result, l.Message = LineInvalid, "provider_ref is longer than 200 characters"
-			return l
-		}
-	}
-	var p Payment
-	err = db.WithTx(ctx, b, func(tx pgx.Tx) error {
-		var err error
-		p, err = Resolve(ctx, tx, op, outcome, ResolveOptions{ProviderRef: ref, ResolvedBy: "settlement:" + o.Source, Topic: o.Topic, Now: o.Now()})
-		return err
-	})
+// planLine is the dry run of applyLine: reads only.
+func planLine(ctx context.Context, q querier, e SettlementEntry) (SettlementLine, error) {
+	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome}
+	cur, err := Get(ctx, q, e.OperationID)
 	switch {
-	case err == nil:
-		l.Result, l.Message = LineResolved, "unknown → "+string(p.Status)
 	case errors.Is(err, ErrNotFound):
-		l.Result, l.Message = LineNotFound, "no payment with this operation_id"
-	case errors.Is(err, ErrNotUnknown):
-		cur, gerr := Get(ctx, b, op)
-		if gerr != nil {
-			l.Result, l.Message = LineInvalid, "could not read the payment"
-			return l
-		}
-		want := StatusCompleted
-		if outcome == OutcomeFailed {
-			want = StatusFailed
-		}
-		switch cur.Status {
-		case want:
-			l.Result, l.Message = LineAgreed, "already "+string(cur.Status)
-		case StatusProcessing:
-			l.Result, l.Message = LineProcessing, "still processing; apply the file again later"
-		default:
-			l.Result, l.Message = LineMismatch, fmt.Sprintf("payment is %s but the provider says %s: needs an operator", cur.Status, outcome)
-		}
-	default:
-		l.Result, l.Message = LineInvalid, "could not apply: "+err.Error()
+		l.Result, l.Message = LineNotFound, "no payment with this operation_id: money moved at the provider without a payment of ours"
+		return l, nil
+	case err != nil:
+		return l, err
 	}
-	return l
+	if cur.Status == StatusUnknown {
+		l.Result, l.Message = LineResolved, "would resolve unknown → "+string(statusOf(e.Outcome))
+		return l, nil
+	}
+	classify(&l, cur, statusOf(e.Outcome))
+	if l.Result == LineDiscrepancy {
+		open, err := hasOpenDiscrepancy(ctx, q, e.OperationID)
+		if err != nil {
+			return l, err
+		}
+		l.Message = fmt.Sprintf("payment is %s but the provider says %s: would record a discrepancy for an operator", cur.Status, e.Outcome)
+		if open {
+			l.Message = fmt.Sprintf("payment is %s but the provider says %s: a discrepancy is already open", cur.Status, e.Outcome)
+		}
+	}
+	return l, nil
+}
+
+func applyLine(ctx context.Context, b DB, f SettlementFile, e SettlementEntry, o SettlementOptions) (SettlementLine, error) {
+	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome}
+	now := o.Now().UTC()
+	err := db.WithTx(ctx, b, func(tx pgx.Tx) error {
+		l.Result, l.Message = "", ""
+		p, err := Resolve(ctx, tx, e.OperationID, e.Outcome, ResolveOptions{ProviderRef: e.ProviderRef, ResolvedBy: "settlement:" + o.Source, Topic: o.Topic, Now: now})
+		switch {
+		case err == nil:
+			l.Result, l.Message = LineResolved, "unknown → "+string(p.Status)
+			return nil
+		case errors.Is(err, ErrNotFound):
+			l.Result, l.Message = LineNotFound, "no payment with this operation_id: money moved at the provider without a payment of ours"
+			return nil
+		case !errors.Is(err, ErrNotUnknown):
+			return err
+		}
+		// Locked until the line commits, so the status classified is the
+		// status the discrepancy is filed against.
+		cur, err := getForUpdate(ctx, tx, e.OperationID)
+		if err != nil {
+			return err
+		}
+		classify(&l, cur, statusOf(e.Outcome))
+		if l.Result != LineDiscrepancy {
+			return nil
+		}
+		created, err := recordDiscrepancy(ctx, tx, Discrepancy{OperationID: e.OperationID, RecordedStatus: cur.Status, ProviderOutcome: e.Outcome,
+			Source: DiscrepancySettlement, Evidence: fmt.Sprintf("settlement %s sha256:%s line %d", o.Source, f.SHA256, e.Line), ProviderRef: e.ProviderRef, DetectedAt: now})
+		if err != nil {
+			return err
+		}
+		if !created {
+			l.Message += " (already open)"
+		}
+		return nil
+	})
+	return l, err
 }

@@ -196,8 +196,50 @@ func (s *Service) ReconcileOnce(ctx context.Context) (int, error) {
 			n++
 		}
 	}
+	checked, err := s.checkFailed(ctx, now)
+	n += checked
+	if err != nil {
+		errs = append(errs, err)
+	}
 	if err := s.RefreshGauges(ctx); err != nil {
 		errs = append(errs, err)
+	}
+	return n, errors.Join(errs...)
+}
+
+// failedChecks bounds the inquiries of a payment failed as
+// provider_unavailable (at InquiryBackoff, then doubling): enough to catch a
+// provider that said "unavailable" and charged anyway, without asking about
+// every failed payment forever.
+const failedChecks = 3
+
+// checkFailed inquires the payments failed as provider_unavailable whose
+// re-check is due (payment_failed_check_idx keeps it O(due)); a provider
+// saying it charged one files a discrepancy. It returns how many
+// discrepancies it filed.
+func (s *Service) checkFailed(ctx context.Context, now time.Time) (int, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT operation_id FROM payment
+		WHERE status = 'failed' AND next_inquiry_at IS NOT NULL AND next_inquiry_at <= $1
+		ORDER BY next_inquiry_at LIMIT $2`, now, s.cfg.Batch)
+	if err != nil {
+		return 0, fmt.Errorf("payments: list failed payments to re-check: %w", err)
+	}
+	ops, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return 0, fmt.Errorf("payments: list failed payments to re-check: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, op := range ops {
+		rep, err := s.Inquire(ctx, op)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if rep.Discrepancy {
+			n++
+		}
 	}
 	return n, errors.Join(errs...)
 }
@@ -208,13 +250,15 @@ type InquiryReport struct {
 	Answer      provider.Outcome // succeeded, declined, not_found, unknown; "" when the provider did not answer
 	Error       string           // why there was no answer (no PII)
 	Resolved    bool             // the payment moved out of unknown
+	Discrepancy bool             // the answer contradicts a final payment and a discrepancy was filed
 	Status      Status           // the payment's status afterwards
 }
 
 // Inquire asks the provider about one payment (the console's "inquire"
 // action and the reconcile worker's step). An unknown payment with a
 // definite answer is resolved once; otherwise its next inquiry is pushed
-// back. Other payments are only reported on.
+// back. A final payment the answer contradicts (failed here, charged
+// there) gets a discrepancy and is otherwise left exactly as it is.
 func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, error) {
 	p, err := Get(ctx, s.pool, op)
 	if err != nil {
@@ -227,10 +271,13 @@ func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, err
 	} else {
 		rep.Answer = res.Outcome
 	}
+	now := s.now()
+	if p.Status == StatusCompleted || p.Status == StatusFailed {
+		return rep, s.inquiredFinal(ctx, p, res, ierr, now, &rep)
+	}
 	if p.Status != StatusUnknown {
 		return rep, nil
 	}
-	now := s.now()
 	if ierr == nil && res.Outcome.Definite() {
 		outcome := OutcomeSucceeded
 		if res.Outcome == provider.Declined {
@@ -267,6 +314,37 @@ func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, err
 	return rep, err
 }
 
+// inquiredFinal acts on an inquiry's answer about a completed or failed
+// payment: a contradiction becomes a discrepancy, and a pending re-check of
+// a provider_unavailable failure is counted (ended by a definite answer or
+// after failedChecks).
+func (s *Service) inquiredFinal(ctx context.Context, p Payment, res provider.Result, ierr error, now time.Time, rep *InquiryReport) error {
+	definite := ierr == nil && res.Outcome.Definite()
+	if definite && contradicts(p.Status, outcomeOfProvider(res.Outcome)) {
+		created, err := recordDiscrepancy(ctx, s.pool, Discrepancy{OperationID: p.OperationID, RecordedStatus: p.Status,
+			ProviderOutcome: outcomeOfProvider(res.Outcome), Source: DiscrepancyInquiry, Evidence: "inquiry", ProviderRef: res.ProviderRef, DetectedAt: now})
+		if err != nil {
+			return err
+		}
+		rep.Discrepancy = created
+		if created {
+			s.log.Warn("payments: discrepancy: the provider contradicts a final payment", "operation_id", p.OperationID,
+				"status", p.Status, "provider_says", res.Outcome, "source", DiscrepancyInquiry)
+		}
+	}
+	if p.Status != StatusFailed || p.NextInquiryAt == nil {
+		return nil
+	}
+	next := now.Add(backoff(s.cfg.InquiryBackoff, s.cfg.InquiryBackoffMax, p.InquiryAttempts+1))
+	if _, err := s.pool.Exec(ctx, `
+		UPDATE payment SET inquiry_attempts = inquiry_attempts + 1, updated_at = $4,
+			next_inquiry_at = CASE WHEN $2 OR inquiry_attempts + 1 >= $5 THEN NULL ELSE $3::timestamptz END
+		WHERE operation_id = $1 AND status = 'failed' AND next_inquiry_at IS NOT NULL`, p.OperationID, definite, next, now, failedChecks); err != nil {
+		return fmt.Errorf("payments: schedule the re-check of failed %s: %w", p.OperationID, err)
+	}
+	return nil
+}
+
 // backoff is base·2^(attempt-1), capped.
 func backoff(base, max time.Duration, attempt int) time.Duration {
 	if attempt < 1 {
@@ -298,8 +376,8 @@ func (s *Service) Unknown(ctx context.Context) (UnknownStats, error) {
 	return st, nil
 }
 
-// RefreshGauges sets sluice_payments_unknown and
-// sluice_payments_reconcile_age_seconds.
+// RefreshGauges sets sluice_payments_unknown,
+// sluice_payments_reconcile_age_seconds and sluice_payments_discrepancies.
 func (s *Service) RefreshGauges(ctx context.Context) error {
 	st, err := s.Unknown(ctx)
 	if err != nil {
@@ -307,6 +385,11 @@ func (s *Service) RefreshGauges(ctx context.Context) error {
 	}
 	s.m.unknown.Set(float64(st.Count))
 	s.m.reconcileAge.Set(st.OldestAge.Seconds())
+	open, err := CountOpenDiscrepancies(ctx, s.pool)
+	if err != nil {
+		return err
+	}
+	s.m.discrepancy.Set(float64(open))
 	return nil
 }
 

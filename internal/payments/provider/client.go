@@ -57,7 +57,20 @@ func (c *Client) Charge(ctx context.Context, req ChargeRequest) (Result, error) 
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Idempotency-Key", req.OperationID.String())
-	res, err := c.do(hreq)
+	// A charge is sent at most once per call: this client, not net/http,
+	// decides every retry. net/http's Transport replays a request on a new
+	// connection when a reused keep-alive connection dies before answering,
+	// if the request is "replayable" (Request.isReplayable: a GET, or any
+	// method carrying an Idempotency-Key header) and its body can be rewound
+	// (rewindBody needs GetBody). That replay happens even when the first
+	// copy was written and the provider charged; the answer we read is then
+	// the replay's (say a 503), which would hide the charge. Without GetBody
+	// a request with a body is never replayable (isReplayable checks it
+	// before the header) and never rewound, whatever headers it carries or
+	// however the transport classifies the error; NewRequest sets GetBody
+	// for a bytes.Reader, so we take it away. ContentLength stays set.
+	hreq.GetBody = nil
+	res, err := c.doCharge(hreq)
 	if err != nil {
 		return Result{}, err
 	}
@@ -78,15 +91,29 @@ func (c *Client) Inquire(ctx context.Context, operationID uuid.UUID) (Result, er
 	return c.do(hreq)
 }
 
+// doCharge sends a charge and classifies what came back. Whether the
+// provider may have processed it decides between ErrNotProcessed and
+// ErrOutcomeUnknown: once any attempt held a connection, bytes of the
+// request may have reached the provider, so only a definite 503 answer to
+// the one attempt that was sent still means "not processed".
+func (c *Client) doCharge(hreq *http.Request) (Result, error) {
+	return c.send(hreq, true)
+}
+
+// Inquire's GET is read-only: net/http may replay it freely.
 func (c *Client) do(hreq *http.Request) (Result, error) {
-	// Whether any attempt got a connection, so bytes of the request may have
-	// reached the provider. Go's transport retries a request carrying an
-	// Idempotency-Key on a new connection when a reused one fails, even after
-	// the request was sent; the error it returns is then the retry's, and a
-	// refused dial of the retry says nothing about the first attempt.
-	var gotConn atomic.Bool
+	return c.send(hreq, false)
+}
+
+func (c *Client) send(hreq *http.Request, charge bool) (Result, error) {
+	// How many attempts got a connection, so bytes of the request may have
+	// reached the provider. A charge is not replayable (see Charge), so this
+	// is at most one; counting keeps the rule right should the transport
+	// ever send it twice: a refused dial or a 503 of a second attempt says
+	// nothing about the first.
+	var conns atomic.Int32
 	hreq = hreq.WithContext(httptrace.WithClientTrace(hreq.Context(), &httptrace.ClientTrace{
-		GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) },
+		GotConn: func(httptrace.GotConnInfo) { conns.Add(1) },
 	}))
 	resp, err := c.hc.Do(hreq)
 	if err != nil {
@@ -94,7 +121,7 @@ func (c *Client) do(hreq *http.Request) (Result, error) {
 		// ever holding a connection means the request never left this
 		// process: nothing can have been processed.
 		var opErr *net.OpError
-		if !gotConn.Load() && (errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &opErr) && opErr.Op == "dial")) {
+		if conns.Load() == 0 && (errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &opErr) && opErr.Op == "dial")) {
 			return Result{}, fmt.Errorf("%w: %v", ErrNotProcessed, err)
 		}
 		return Result{}, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
@@ -105,6 +132,9 @@ func (c *Client) do(hreq *http.Request) (Result, error) {
 		return Result{}, fmt.Errorf("%w: read answer: %v", ErrOutcomeUnknown, err)
 	}
 	if resp.StatusCode == http.StatusServiceUnavailable {
+		if charge && conns.Load() != 1 {
+			return Result{}, fmt.Errorf("%w: provider unavailable (503) after %d attempts; an earlier one may have charged", ErrOutcomeUnknown, conns.Load())
+		}
 		return Result{}, fmt.Errorf("%w: provider unavailable (503)", ErrNotProcessed)
 	}
 	if resp.StatusCode != http.StatusOK {
