@@ -1,4 +1,7 @@
-package broker
+// Package rabbitbroker is the RabbitMQ adapter of the broker contract:
+// persistent, mandatory publishes to a durable topic exchange with publisher
+// confirms, and durable queues bound to it consumed one message at a time.
+package rabbitbroker
 
 import (
 	"context"
@@ -9,15 +12,17 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-dev/sluice/internal/broker"
 )
 
 // ErrUnroutable reports a message the exchange could route to no queue: the
 // broker confirmed it but nobody will ever read it, so it is not published.
 var ErrUnroutable = errors.New("broker: message routed to no queue")
 
-// Rabbit publishes to a durable topic exchange with publisher confirms and
+// RabbitMQ publishes to a durable topic exchange with publisher confirms and
 // consumes from durable queues bound to it.
-type Rabbit struct {
+type RabbitMQ struct {
 	url      string
 	exchange string
 
@@ -28,13 +33,13 @@ type Rabbit struct {
 	returned map[string]bool // message ids the broker returned as unroutable
 }
 
-// OpenRabbit connects to RabbitMQ and declares the exchange.
-func OpenRabbit(ctx context.Context, rawURL string, opts Options) (*Rabbit, error) {
-	ns, err := opts.namespace()
+// Open connects to RabbitMQ and declares the exchange.
+func Open(ctx context.Context, rawURL string, opts broker.Options) (*RabbitMQ, error) {
+	ns, err := opts.ValidNamespace()
 	if err != nil {
 		return nil, err
 	}
-	r := &Rabbit{url: rawURL, exchange: ns, returned: map[string]bool{}}
+	r := &RabbitMQ{url: rawURL, exchange: ns, returned: map[string]bool{}}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, err := r.channelLocked(); err != nil {
@@ -44,14 +49,14 @@ func OpenRabbit(ctx context.Context, rawURL string, opts Options) (*Rabbit, erro
 }
 
 // Exchange is the topic exchange messages are published to.
-func (r *Rabbit) Exchange() string { return r.exchange }
+func (r *RabbitMQ) Exchange() string { return r.exchange }
 
 // Queue is the durable queue of a consumer.
-func (r *Rabbit) Queue(consumer string) string { return r.exchange + "." + consumer }
+func (r *RabbitMQ) Queue(consumer string) string { return r.exchange + "." + consumer }
 
 // channelLocked returns the publishing channel, redialling after a lost
 // connection (amqp091 does not reconnect by itself).
-func (r *Rabbit) channelLocked() (*amqp.Channel, error) {
+func (r *RabbitMQ) channelLocked() (*amqp.Channel, error) {
 	if r.pub != nil && !r.pub.IsClosed() {
 		return r.pub, nil
 	}
@@ -83,7 +88,7 @@ func (r *Rabbit) channelLocked() (*amqp.Channel, error) {
 }
 
 // drainReturnsLocked moves buffered returns into r.returned.
-func (r *Rabbit) drainReturnsLocked() {
+func (r *RabbitMQ) drainReturnsLocked() {
 	for {
 		select {
 		case ret, ok := <-r.returns:
@@ -100,18 +105,18 @@ func (r *Rabbit) drainReturnsLocked() {
 // Publish sends msg as a persistent, mandatory message and waits for the
 // broker's confirm. MessageId is the event id; the aggregate travels in
 // headers (AMQP has no property for it).
-func (r *Rabbit) Publish(ctx context.Context, msg Message) error {
+func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 	r.mu.Lock()
 	ch, err := r.channelLocked()
 	r.mu.Unlock()
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", broker.ErrUnavailable, err)
 	}
 	headers := amqp.Table{
-		HeaderAggregateType: msg.AggregateType,
-		HeaderAggregateID:   msg.AggregateID,
-		HeaderAggregateSeq:  strconv.FormatInt(msg.AggregateSeq, 10),
-		HeaderEventType:     msg.EventType,
+		broker.HeaderAggregateType: msg.AggregateType,
+		broker.HeaderAggregateID:   msg.AggregateID,
+		broker.HeaderAggregateSeq:  strconv.FormatInt(msg.AggregateSeq, 10),
+		broker.HeaderEventType:     msg.EventType,
 	}
 	for k, v := range msg.Headers {
 		headers[k] = v
@@ -127,14 +132,14 @@ func (r *Rabbit) Publish(ctx context.Context, msg Message) error {
 	})
 	if err != nil {
 		if errors.Is(err, amqp.ErrClosed) {
-			return fmt.Errorf("%w: publish to %s/%s: %w", ErrUnavailable, r.exchange, msg.Topic, err)
+			return fmt.Errorf("%w: publish to %s/%s: %w", broker.ErrUnavailable, r.exchange, msg.Topic, err)
 		}
 		return fmt.Errorf("broker: publish to %s/%s: %w", r.exchange, msg.Topic, err)
 	}
 	acked, err := dc.WaitContext(ctx)
 	if err != nil {
 		if ch.IsClosed() {
-			return fmt.Errorf("%w: confirm of %s: %w", ErrUnavailable, msg.ID, err)
+			return fmt.Errorf("%w: confirm of %s: %w", broker.ErrUnavailable, msg.ID, err)
 		}
 		return fmt.Errorf("broker: confirm of %s: %w", msg.ID, err)
 	}
@@ -155,8 +160,8 @@ func (r *Rabbit) Publish(ctx context.Context, msg Message) error {
 // DeclareQueue declares consumer's durable queue bound to every topic of the
 // exchange. Subscribe does it too; call it first when publishing may start
 // before the consumer does (mandatory publishes to no queue are refused).
-func (r *Rabbit) DeclareQueue(consumer string) error {
-	if err := checkConsumer(consumer); err != nil {
+func (r *RabbitMQ) DeclareQueue(consumer string) error {
+	if err := broker.ValidateConsumer(consumer); err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -172,7 +177,7 @@ func (r *Rabbit) DeclareQueue(consumer string) error {
 	return r.declareQueue(ch, consumer)
 }
 
-func (r *Rabbit) declareQueue(ch *amqp.Channel, consumer string) error {
+func (r *RabbitMQ) declareQueue(ch *amqp.Channel, consumer string) error {
 	q := r.Queue(consumer)
 	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("broker: declare queue %s: %w", q, err)
@@ -186,8 +191,8 @@ func (r *Rabbit) declareQueue(ch *amqp.Channel, consumer string) error {
 // Subscribe consumes consumer's durable queue one message at a time (so
 // per-aggregate order is kept) until ctx ends, reconnecting after a lost
 // connection.
-func (r *Rabbit) Subscribe(ctx context.Context, consumer string, h Handler) error {
-	if err := checkConsumer(consumer); err != nil {
+func (r *RabbitMQ) Subscribe(ctx context.Context, consumer string, h broker.Handler) error {
+	if err := broker.ValidateConsumer(consumer); err != nil {
 		return err
 	}
 	for {
@@ -206,7 +211,7 @@ func (r *Rabbit) Subscribe(ctx context.Context, consumer string, h Handler) erro
 	}
 }
 
-func (r *Rabbit) consume(ctx context.Context, consumer string, h Handler) error {
+func (r *RabbitMQ) consume(ctx context.Context, consumer string, h broker.Handler) error {
 	r.mu.Lock()
 	if _, err := r.channelLocked(); err != nil {
 		r.mu.Unlock()
@@ -245,7 +250,7 @@ func (r *Rabbit) consume(ctx context.Context, consumer string, h Handler) error 
 			if !ok {
 				return nil
 			}
-			if herr := handleInPlace(ctx, h, fromAMQP(d), nil); herr != nil {
+			if herr := broker.HandleInPlace(ctx, h, fromAMQP(d), nil); herr != nil {
 				// Stopped while the effect was failing: back to the queue.
 				_ = d.Nack(false, true)
 				continue
@@ -257,24 +262,24 @@ func (r *Rabbit) consume(ctx context.Context, consumer string, h Handler) error 
 	}
 }
 
-func fromAMQP(d amqp.Delivery) Message {
+func fromAMQP(d amqp.Delivery) broker.Message {
 	str := func(k string) string {
 		s, _ := d.Headers[k].(string)
 		return s
 	}
-	seq, _ := strconv.ParseInt(str(HeaderAggregateSeq), 10, 64)
-	msg := Message{
+	seq, _ := strconv.ParseInt(str(broker.HeaderAggregateSeq), 10, 64)
+	msg := broker.Message{
 		ID:            d.MessageId,
 		Topic:         d.RoutingKey,
-		AggregateType: str(HeaderAggregateType),
-		AggregateID:   str(HeaderAggregateID),
+		AggregateType: str(broker.HeaderAggregateType),
+		AggregateID:   str(broker.HeaderAggregateID),
 		AggregateSeq:  seq,
 		EventType:     d.Type,
 		Payload:       d.Body,
 	}
 	for k, v := range d.Headers {
 		switch k {
-		case HeaderAggregateType, HeaderAggregateID, HeaderAggregateSeq, HeaderEventType:
+		case broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType:
 			continue
 		}
 		if s, ok := v.(string); ok {
@@ -288,7 +293,7 @@ func fromAMQP(d amqp.Delivery) Message {
 }
 
 // Close closes the connection.
-func (r *Rabbit) Close() error {
+func (r *RabbitMQ) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.conn != nil && !r.conn.IsClosed() {
@@ -299,7 +304,7 @@ func (r *Rabbit) Close() error {
 
 // DeleteNamespace removes the exchange and the queues of consumers (tests
 // and the demo clean up after themselves with it).
-func (r *Rabbit) DeleteNamespace(consumers ...string) error {
+func (r *RabbitMQ) DeleteNamespace(consumers ...string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, err := r.channelLocked(); err != nil {
