@@ -39,7 +39,7 @@ func runRelay(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	b, err := brokerurl.Open(ctx, c.Broker.URL, broker.Options{Namespace: c.Broker.Namespace})
+	b, err := brokerurl.Open(ctx, c.Broker.URL, broker.Options{Namespace: c.Broker.Namespace, Logger: log})
 	if err != nil {
 		return err
 	}

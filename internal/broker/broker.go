@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"time"
 )
@@ -69,6 +70,15 @@ type Options struct {
 	// delivered message's ack before it delivers it again: after a consumer
 	// crash, its unacknowledged message comes back after this long.
 	AckWait time.Duration
+	// MaxConsumeFailures (RabbitMQ only; default 10) is how many times in a
+	// row Subscribe may fail to consume (connection refused, channel closed,
+	// queue declaration refused) before it gives up and returns the last
+	// error. It waits between tries, 500ms doubling to 30s, so the default
+	// rides out about two minutes of outage. Negative: never give up.
+	MaxConsumeFailures int
+	// Logger receives what an adapter cannot return (RabbitMQ's consume
+	// failures it retries); nil: slog.Default(). Never a payload.
+	Logger *slog.Logger
 }
 
 // DefaultNamespace is the namespace when Options.Namespace is empty.

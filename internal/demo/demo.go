@@ -107,7 +107,7 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	// One connection per relay and one for the consumer, as separate
 	// processes would have.
 	openBroker := func() (broker.Broker, error) {
-		b, err := brokerurl.Open(ctx, brokerURL, broker.Options{})
+		b, err := brokerurl.Open(ctx, brokerURL, broker.Options{Logger: log})
 		if err == nil {
 			d.brokers = append(d.brokers, b)
 		}

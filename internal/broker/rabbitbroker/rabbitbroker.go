@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -20,11 +21,25 @@ import (
 // broker confirmed it but nobody will ever read it, so it is not published.
 var ErrUnroutable = errors.New("broker: message routed to no queue")
 
+// Subscribe's wait between consume attempts, and the default number of
+// failures in a row it tolerates (Options.MaxConsumeFailures).
+const (
+	consumeRetryBase          = 500 * time.Millisecond
+	consumeRetryCap           = 30 * time.Second
+	defaultMaxConsumeFailures = 10
+)
+
+// errDeliveriesClosed is a consume session ended by the broker or the
+// connection rather than by us.
+var errDeliveriesClosed = errors.New("delivery channel closed")
+
 // RabbitMQ publishes to a durable topic exchange with publisher confirms and
 // consumes from durable queues bound to it.
 type RabbitMQ struct {
-	url      string
-	exchange string
+	url         string
+	exchange    string
+	maxFailures int // consume failures in a row before Subscribe gives up; < 0: never
+	log         *slog.Logger
 
 	mu       sync.Mutex
 	conn     *amqp.Connection
@@ -39,7 +54,13 @@ func Open(ctx context.Context, rawURL string, opts broker.Options) (*RabbitMQ, e
 	if err != nil {
 		return nil, err
 	}
-	r := &RabbitMQ{url: rawURL, exchange: ns, returned: map[string]bool{}}
+	r := &RabbitMQ{url: rawURL, exchange: ns, maxFailures: opts.MaxConsumeFailures, log: opts.Logger, returned: map[string]bool{}}
+	if r.maxFailures == 0 {
+		r.maxFailures = defaultMaxConsumeFailures
+	}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, err := r.channelLocked(); err != nil {
@@ -190,44 +211,68 @@ func (r *RabbitMQ) declareQueue(ch *amqp.Channel, consumer string) error {
 
 // Subscribe consumes consumer's durable queue one message at a time (so
 // per-aggregate order is kept) until ctx ends, reconnecting after a lost
-// connection.
+// connection. Each failure to consume (no connection, queue declaration
+// refused, session cut) is logged and followed by a pause, 500ms doubling to
+// 30s; a session that got as far as consuming resets both the pause and the
+// count. After Options.MaxConsumeFailures failures in a row Subscribe
+// returns the last one, so the consumer stops visibly (the console's
+// consume subcommand exits non-zero) instead of retrying in silence.
 func (r *RabbitMQ) Subscribe(ctx context.Context, consumer string, h broker.Handler) error {
 	if err := broker.ValidateConsumer(consumer); err != nil {
 		return err
 	}
+	queue := r.Queue(consumer)
+	wait := consumeRetryBase
+	failures := 0
 	for {
-		err := r.consume(ctx, consumer, h)
+		consumed, err := r.consume(ctx, consumer, h)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err == nil {
-			err = errors.New("delivery channel closed")
+			err = errDeliveriesClosed
 		}
+		if consumed {
+			failures, wait = 0, consumeRetryBase
+		}
+		failures++
+		if r.maxFailures > 0 && failures >= r.maxFailures {
+			r.log.Error("broker: RabbitMQ consume failed, giving up", "queue", queue, "failures", failures, "err", err)
+			return fmt.Errorf("broker: consume %s failed %d times in a row: %w", queue, failures, err)
+		}
+		r.log.Warn("broker: RabbitMQ consume failed, retrying", "queue", queue, "failures", failures, "retry_in", wait, "err", err)
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return nil
-		case <-time.After(time.Second):
+		case <-t.C:
 		}
+		wait = min(2*wait, consumeRetryCap)
 	}
 }
 
-func (r *RabbitMQ) consume(ctx context.Context, consumer string, h broker.Handler) error {
+// consume runs one consume session on a channel of its own until ctx ends
+// (nil), the broker or the connection ends it (nil, consumed), or a step
+// fails (its error). consumed reports that the session got as far as
+// consuming, so its end is not a failure to start.
+func (r *RabbitMQ) consume(ctx context.Context, consumer string, h broker.Handler) (consumed bool, err error) {
 	r.mu.Lock()
 	if _, err := r.channelLocked(); err != nil {
 		r.mu.Unlock()
-		return err
+		return false, err
 	}
 	ch, err := r.conn.Channel()
 	r.mu.Unlock()
 	if err != nil {
-		return fmt.Errorf("broker: open channel: %w", err)
+		return false, fmt.Errorf("broker: open channel: %w", err)
 	}
 	defer ch.Close()
 	if err := r.declareQueue(ch, consumer); err != nil {
-		return err
+		return false, err
 	}
 	if err := ch.Qos(1, 0, false); err != nil {
-		return fmt.Errorf("broker: qos: %w", err)
+		return false, fmt.Errorf("broker: qos: %w", err)
 	}
 	// Plain Consume with our own tag, cancelled by us before the channel
 	// closes: ConsumeWithContext cancels from a goroutine of its own, and a
@@ -235,7 +280,7 @@ func (r *RabbitMQ) consume(ctx context.Context, consumer string, h broker.Handle
 	tag := "sluice-" + consumer + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	deliveries, err := ch.Consume(r.Queue(consumer), tag, false, false, false, false, nil)
 	if err != nil {
-		return fmt.Errorf("broker: consume %s: %w", r.Queue(consumer), err)
+		return false, fmt.Errorf("broker: consume %s: %w", r.Queue(consumer), err)
 	}
 	for {
 		select {
@@ -245,10 +290,10 @@ func (r *RabbitMQ) consume(ctx context.Context, consumer string, h broker.Handle
 			for d := range deliveries {
 				_ = d.Nack(false, true)
 			}
-			return nil
+			return true, nil
 		case d, ok := <-deliveries:
 			if !ok {
-				return nil
+				return true, nil
 			}
 			if herr := broker.HandleInPlace(ctx, h, fromAMQP(d), nil); herr != nil {
 				// Stopped while the effect was failing: back to the queue.
@@ -256,7 +301,7 @@ func (r *RabbitMQ) consume(ctx context.Context, consumer string, h broker.Handle
 				continue
 			}
 			if err := d.Ack(false); err != nil {
-				return fmt.Errorf("broker: ack: %w", err)
+				return true, fmt.Errorf("broker: ack: %w", err)
 			}
 		}
 	}
