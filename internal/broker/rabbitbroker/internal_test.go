@@ -2,8 +2,11 @@ package rabbitbroker
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/broker/brokertest"
@@ -23,6 +26,57 @@ func open(t *testing.T, opts broker.Options) *RabbitMQ {
 		r.Close()
 	})
 	return r
+}
+
+// A publish that gave up (its context ended) before the broker returned its
+// message as unroutable leaves nothing behind: the late return is dropped,
+// so the relay's retry of the same event, now routable, is not reported
+// unroutable, and the bookkeeping holds no entry once no publish waits.
+func TestStaleReturnsAreDropped(t *testing.T) {
+	t.Parallel()
+	r := open(t, broker.Options{})
+	ctx := context.Background()
+	msgs := brokertest.Messages(21, 21)
+	waitConfirm := r.waitConfirm
+
+	// No queue yet: every message is returned. The first publish gives up
+	// once the broker confirmed (its return is then in the buffer), the
+	// others at once (their returns come after they are gone).
+	r.waitConfirm = func(_ context.Context, dc *amqp.DeferredConfirmation) (bool, error) {
+		<-dc.Done()
+		return false, context.DeadlineExceeded
+	}
+	if err := r.Publish(ctx, msgs[0]); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("publish that gave up = %v, want DeadlineExceeded", err)
+	}
+	r.waitConfirm = func(context.Context, *amqp.DeferredConfirmation) (bool, error) {
+		return false, context.DeadlineExceeded
+	}
+	for _, m := range msgs[1:] {
+		if err := r.Publish(ctx, m); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("publish that gave up = %v, want DeadlineExceeded", err)
+		}
+	}
+
+	// Now a queue receives them: the retries are routed, and confirmed after
+	// every earlier return arrived.
+	r.waitConfirm = waitConfirm
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if err := r.Publish(ctx, m); err != nil {
+			t.Fatalf("retry of %s once a queue exists: %v (a stale return was taken for its own)", m.ID, err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.waiting) != 0 {
+		t.Fatalf("%d publish entries left with no publish waiting: %v", len(r.waiting), r.waiting)
+	}
+	if len(r.returns) != 0 {
+		t.Fatalf("%d returns left in the buffer", len(r.returns))
+	}
 }
 
 // A session cut under a running consumer (connection lost) is retried and

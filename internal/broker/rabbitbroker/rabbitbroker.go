@@ -21,6 +21,12 @@ import (
 // broker confirmed it but nobody will ever read it, so it is not published.
 var ErrUnroutable = errors.New("broker: message routed to no queue")
 
+// headerPublishID carries a token unique to one Publish call, so a
+// basic.return is matched to the publish that is waiting for it and never to
+// a later publish of the same event id (a relay's retry after a timeout).
+// Consumers do not see it: fromAMQP drops it.
+const headerPublishID = "Sluice-Publish-Id"
+
 // Subscribe's wait between consume attempts, and the default number of
 // failures in a row it tolerates (Options.MaxConsumeFailures).
 const (
@@ -41,11 +47,21 @@ type RabbitMQ struct {
 	maxFailures int // consume failures in a row before Subscribe gives up; < 0: never
 	log         *slog.Logger
 
-	mu       sync.Mutex
-	conn     *amqp.Connection
-	pub      *amqp.Channel
-	returns  chan amqp.Return
-	returned map[string]bool // message ids the broker returned as unroutable
+	mu      sync.Mutex
+	conn    *amqp.Connection
+	pub     *amqp.Channel
+	returns chan amqp.Return
+	// waiting holds one entry per Publish that is waiting for its confirm,
+	// keyed by its publish token: true once the broker returned that
+	// publish as unroutable. A publish removes its entry whatever its
+	// outcome, and returns whose publish is gone are dropped, so the map
+	// never outgrows the publishes in flight.
+	waiting  map[string]bool
+	sequence uint64 // last publish token
+
+	// waitConfirm waits for a publish's confirm (a seam for tests that play
+	// a publish giving up after its message was sent).
+	waitConfirm func(ctx context.Context, dc *amqp.DeferredConfirmation) (bool, error)
 }
 
 // Open connects to RabbitMQ and declares the exchange.
@@ -54,7 +70,13 @@ func Open(ctx context.Context, rawURL string, opts broker.Options) (*RabbitMQ, e
 	if err != nil {
 		return nil, err
 	}
-	r := &RabbitMQ{url: rawURL, exchange: ns, maxFailures: opts.MaxConsumeFailures, log: opts.Logger, returned: map[string]bool{}}
+	r := &RabbitMQ{
+		url: rawURL, exchange: ns, maxFailures: opts.MaxConsumeFailures, log: opts.Logger,
+		waiting: map[string]bool{},
+		waitConfirm: func(ctx context.Context, dc *amqp.DeferredConfirmation) (bool, error) {
+			return dc.WaitContext(ctx)
+		},
+	}
 	if r.maxFailures == 0 {
 		r.maxFailures = defaultMaxConsumeFailures
 	}
@@ -108,7 +130,8 @@ func (r *RabbitMQ) channelLocked() (*amqp.Channel, error) {
 	return ch, nil
 }
 
-// drainReturnsLocked moves buffered returns into r.returned.
+// drainReturnsLocked marks the waiting publishes the broker returned and
+// drops returns whose publish already gave up.
 func (r *RabbitMQ) drainReturnsLocked() {
 	for {
 		select {
@@ -116,7 +139,10 @@ func (r *RabbitMQ) drainReturnsLocked() {
 			if !ok {
 				return
 			}
-			r.returned[ret.MessageId] = true
+			token, _ := ret.Headers[headerPublishID].(string)
+			if _, waiting := r.waiting[token]; waiting {
+				r.waiting[token] = true
+			}
 		default:
 			return
 		}
@@ -129,10 +155,23 @@ func (r *RabbitMQ) drainReturnsLocked() {
 func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 	r.mu.Lock()
 	ch, err := r.channelLocked()
+	r.sequence++
+	token := strconv.FormatUint(r.sequence, 36)
+	if err == nil {
+		r.waiting[token] = false
+	}
 	r.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("%w: %w", broker.ErrUnavailable, err)
 	}
+	// However the publish ends, its entry goes: a return that arrives after
+	// a give-up (timeout, closed channel) is dropped, not kept forever.
+	defer func() {
+		r.mu.Lock()
+		r.drainReturnsLocked()
+		delete(r.waiting, token)
+		r.mu.Unlock()
+	}()
 	headers := amqp.Table{
 		broker.HeaderAggregateType: msg.AggregateType,
 		broker.HeaderAggregateID:   msg.AggregateID,
@@ -142,6 +181,7 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 	for k, v := range msg.Headers {
 		headers[k] = v
 	}
+	headers[headerPublishID] = token
 	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, r.exchange, msg.Topic, true, false, amqp.Publishing{
 		MessageId:    msg.ID,
 		Type:         msg.EventType,
@@ -157,7 +197,7 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 		}
 		return fmt.Errorf("broker: publish to %s/%s: %w", r.exchange, msg.Topic, err)
 	}
-	acked, err := dc.WaitContext(ctx)
+	acked, err := r.waitConfirm(ctx, dc)
 	if err != nil {
 		if ch.IsClosed() {
 			return fmt.Errorf("%w: confirm of %s: %w", broker.ErrUnavailable, msg.ID, err)
@@ -169,8 +209,7 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 	}
 	r.mu.Lock()
 	r.drainReturnsLocked()
-	unroutable := r.returned[msg.ID]
-	delete(r.returned, msg.ID)
+	unroutable := r.waiting[token]
 	r.mu.Unlock()
 	if unroutable {
 		return fmt.Errorf("%w: exchange %s, routing key %s", ErrUnroutable, r.exchange, msg.Topic)
@@ -324,7 +363,7 @@ func fromAMQP(d amqp.Delivery) broker.Message {
 	}
 	for k, v := range d.Headers {
 		switch k {
-		case broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType:
+		case broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType, headerPublishID:
 			continue
 		}
 		if s, ok := v.(string); ok {
