@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/broker/brokerurl"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/inbox"
@@ -32,7 +33,7 @@ func runConsume(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	b, err := broker.Open(ctx, c.Broker.URL, broker.Options{Namespace: c.Broker.Namespace})
+	b, err := brokerurl.Open(ctx, c.Broker.URL, broker.Options{Namespace: c.Broker.Namespace, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/broker/brokerurl"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/outbox"
@@ -38,7 +39,7 @@ func runRelay(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	b, err := broker.Open(ctx, c.Broker.URL, broker.Options{Namespace: c.Broker.Namespace})
+	b, err := brokerurl.Open(ctx, c.Broker.URL, broker.Options{Namespace: c.Broker.Namespace, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
@@ -35,7 +35,7 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 func TestRelayAndConsumeSubcommands(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t)
-	srv, err := broker.StartEmbeddedNATS(t.TempDir())
+	srv, err := natsembedded.Start(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

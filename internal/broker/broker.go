@@ -1,15 +1,22 @@
-// Package broker carries outbox events to a message broker and back:
-// a Publisher (acknowledged publishes only) and a Subscriber for NATS
-// JetStream and for RabbitMQ, chosen by the URL's scheme. Every message
-// carries its event id (the consumer's dedupe key) and its aggregate type, id
-// and sequence (the consumer's ordering key) in broker-native places.
+// Package broker is the contract between Sluice and a message broker: a
+// Message, a Publisher (acknowledged publishes only), a Subscriber, the
+// errors and header names both sides agree on. It imports the standard
+// library only, so code that writes or applies an event (outbox, inbox,
+// payments) never links a broker client or server.
+//
+// Each broker lives in a package of its own, as riverdriver keeps River apart
+// from pgx: natsbroker (NATS JetStream), rabbitbroker (RabbitMQ), natsembedded
+// (an in-process NATS server for the demo and tests), and brokerurl, which
+// picks an adapter from a BROKER_URL's scheme. Every message carries its event
+// id (the consumer's dedupe key) and its aggregate type, id and sequence (the
+// consumer's ordering key) in broker-native places.
 package broker
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
+	"log/slog"
 	"regexp"
 	"time"
 )
@@ -38,7 +45,8 @@ type Publisher interface {
 type Handler func(ctx context.Context, msg Message) error
 
 // Subscriber delivers messages to h, one at a time and in broker order, on a
-// durable subscription named consumer, until ctx ends.
+// durable subscription named consumer, until ctx ends (then it returns nil).
+// It returns an error when it can no longer consume.
 type Subscriber interface {
 	Subscribe(ctx context.Context, consumer string, h Handler) error
 }
@@ -50,9 +58,9 @@ type Broker interface {
 	Close() error
 }
 
-// Options name the broker-side objects. The zero value is the production
-// layout; tests give each run its own Namespace so parallel runs never share
-// a stream, exchange or queue.
+// Options name the broker-side objects and tune the adapters. The zero value
+// is the production layout; tests give each run its own Namespace so parallel
+// runs never share a stream, exchange or queue.
 type Options struct {
 	// Namespace (default "sluice") is the NATS subject prefix (subjects
 	// "<ns>.<topic>", stream "<NS>" capturing "<ns>.>") and the RabbitMQ
@@ -62,6 +70,15 @@ type Options struct {
 	// delivered message's ack before it delivers it again: after a consumer
 	// crash, its unacknowledged message comes back after this long.
 	AckWait time.Duration
+	// MaxConsumeFailures (RabbitMQ only; default 10) is how many times in a
+	// row Subscribe may fail to consume (connection refused, channel closed,
+	// queue declaration refused) before it gives up and returns the last
+	// error. It waits between tries, 500ms doubling to 30s, so the default
+	// rides out about two minutes of outage. Negative: never give up.
+	MaxConsumeFailures int
+	// Logger receives what an adapter cannot return (RabbitMQ's consume
+	// failures it retries); nil: slog.Default(). Never a payload.
+	Logger *slog.Logger
 }
 
 // DefaultNamespace is the namespace when Options.Namespace is empty.
@@ -69,7 +86,9 @@ const DefaultNamespace = "sluice"
 
 var namespaceRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
 
-func (o Options) namespace() (string, error) {
+// ValidNamespace is the namespace the options name (DefaultNamespace when
+// empty), or an error when it is not 1–64 of a-z, 0-9, _ and -.
+func (o Options) ValidNamespace() (string, error) {
 	ns := o.Namespace
 	if ns == "" {
 		ns = DefaultNamespace
@@ -78,25 +97,6 @@ func (o Options) namespace() (string, error) {
 		return "", fmt.Errorf("broker: namespace %q must be 1–64 of a-z, 0-9, _ and -", ns)
 	}
 	return ns, nil
-}
-
-// ErrUnsupportedScheme reports a BROKER_URL that is neither NATS nor AMQP.
-var ErrUnsupportedScheme = errors.New("broker: unsupported URL scheme (use nats:// or amqp://)")
-
-// Open connects to the broker named by rawURL: nats:// or tls:// (NATS
-// JetStream) or amqp:// or amqps:// (RabbitMQ).
-func Open(ctx context.Context, rawURL string, opts Options) (Broker, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return nil, fmt.Errorf("broker: BROKER_URL is not a URL: %w", err)
-	}
-	switch u.Scheme {
-	case "nats", "tls":
-		return OpenNATS(ctx, rawURL, opts)
-	case "amqp", "amqps":
-		return OpenRabbit(ctx, rawURL, opts)
-	}
-	return nil, fmt.Errorf("%w: %q", ErrUnsupportedScheme, u.Scheme)
 }
 
 // ErrUnavailable marks a publish that failed because the broker could not be
@@ -116,22 +116,25 @@ const (
 
 var consumerRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
-func checkConsumer(name string) error {
+// ValidateConsumer refuses a consumer name a broker could not use as a
+// durable consumer or queue name.
+func ValidateConsumer(name string) error {
 	if !consumerRe.MatchString(name) {
 		return fmt.Errorf("broker: consumer name %q must be 1–64 of A-Z, a-z, 0-9, _ and -", name)
 	}
 	return nil
 }
 
-// handleInPlace runs h until it succeeds or ctx ends, waiting between tries
+// HandleInPlace runs h until it succeeds or ctx ends, waiting between tries
 // (100ms doubling to 5s) and calling stillWorking before each wait so the
-// broker does not hand the message to someone else meanwhile. Retrying in
+// broker does not hand the message to someone else meanwhile. It returns
+// nil once h succeeded, h's last error when ctx ended first. Retrying in
 // place, instead of handing the message back, keeps per-aggregate order: a
 // consumer that moved on to seq 2 would later drop the redelivered seq 1 as
 // stale. The price is head-of-line blocking while the effect keeps failing
 // (the consumer logs it and its lag grows), which is what an ordered
-// consumer must do.
-func handleInPlace(ctx context.Context, h Handler, msg Message, stillWorking func()) error {
+// consumer must do. Every adapter's Subscribe calls it.
+func HandleInPlace(ctx context.Context, h Handler, msg Message, stillWorking func()) error {
 	wait := 100 * time.Millisecond
 	for {
 		err := h(ctx, msg)

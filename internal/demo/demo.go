@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/broker/brokerurl"
+	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/demo/devoidc"
@@ -46,7 +48,7 @@ type Demo struct {
 	db      *database
 	pool    *pgxpool.Pool
 	natsDir string
-	nats    *broker.EmbeddedNATS
+	nats    *natsembedded.Server
 	brokers []broker.Broker
 	reg     *prometheus.Registry
 
@@ -96,7 +98,7 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 		if d.natsDir, err = os.MkdirTemp("", "sluice-nats-"); err != nil {
 			return nil, err
 		}
-		if d.nats, err = broker.StartEmbeddedNATS(d.natsDir); err != nil {
+		if d.nats, err = natsembedded.Start(d.natsDir); err != nil {
 			return nil, err
 		}
 		brokerURL = d.nats.ClientURL()
@@ -105,7 +107,7 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	// One connection per relay and one for the consumer, as separate
 	// processes would have.
 	openBroker := func() (broker.Broker, error) {
-		b, err := broker.Open(ctx, brokerURL, broker.Options{})
+		b, err := brokerurl.Open(ctx, brokerURL, broker.Options{Logger: log})
 		if err == nil {
 			d.brokers = append(d.brokers, b)
 		}

@@ -10,6 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/broker/brokerurl"
+	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
+	"github.com/sluice-dev/sluice/internal/broker/rabbitbroker"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/inbox"
@@ -22,7 +25,7 @@ import (
 // aggregate's effects were applied in sequence order.
 func TestNATSEndToEnd(t *testing.T) {
 	t.Parallel()
-	srv, err := broker.StartEmbeddedNATS(t.TempDir())
+	srv, err := natsembedded.Start(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +39,7 @@ func TestRabbitEndToEnd(t *testing.T) {
 	t.Parallel()
 	const url = "amqp://guest:guest@127.0.0.1:5672/"
 	opts := broker.Options{Namespace: fmt.Sprintf("e2e-%d", time.Now().UnixNano())}
-	r, err := broker.OpenRabbit(context.Background(), url, opts)
+	r, err := rabbitbroker.Open(context.Background(), url, opts)
 	if err != nil {
 		t.Fatalf("RabbitMQ on 127.0.0.1:5672 (guest/guest) is needed: %v", err)
 	}
@@ -72,7 +75,7 @@ func endToEnd(t *testing.T, url string, opts broker.Options) {
 	notifier := outbox.NewNotifier(pool, 20*time.Millisecond, nil)
 	run(func() error { return notifier.Run(ctx) })
 	for i := range 2 {
-		b, err := broker.Open(ctx, url, opts)
+		b, err := brokerurl.Open(ctx, url, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +86,7 @@ func endToEnd(t *testing.T, url string, opts broker.Options) {
 		}
 		run(func() error { return r.Run(ctx) })
 	}
-	sub, err := broker.Open(ctx, url, opts)
+	sub, err := brokerurl.Open(ctx, url, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

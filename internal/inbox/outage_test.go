@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/broker/brokerurl"
+	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/inbox"
@@ -28,7 +30,7 @@ import (
 func TestBrokerOutageLosesNothing(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	srv, err := broker.StartEmbeddedNATS(dir)
+	srv, err := natsembedded.Start(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +64,7 @@ func TestBrokerOutageLosesNothing(t *testing.T) {
 	run(func() error { return notifier.Run(ctx) })
 	var relays []*outbox.Relay
 	for i := range 2 {
-		b, err := broker.Open(ctx, url, opts)
+		b, err := brokerurl.Open(ctx, url, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,7 +82,7 @@ func TestBrokerOutageLosesNothing(t *testing.T) {
 		relays = append(relays, r)
 		run(func() error { return r.Run(ctx) })
 	}
-	sub, err := broker.Open(ctx, url, opts)
+	sub, err := brokerurl.Open(ctx, url, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +161,7 @@ func TestBrokerOutageLosesNothing(t *testing.T) {
 	// The relays must see the outage: failed publishes, backed off.
 	waitFor("relays to fail publishing while the broker is down", func() bool { return failures() >= 40 })
 	waitFor("writers to commit during the outage", func() bool { return inserted.Load() >= down+150 })
-	restarted, err := broker.StartEmbeddedNATSAt(dir, port)
+	restarted, err := natsembedded.StartAt(dir, port)
 	if err != nil {
 		t.Fatalf("restart NATS on port %d: %v", port, err)
 	}

@@ -1,4 +1,7 @@
-package broker
+// Package natsbroker is the NATS JetStream adapter of the broker contract:
+// acknowledged publishes into one stream, deduplicated by event id, and
+// durable pull consumers that hold one message at a time.
+package natsbroker
 
 import (
 	"context"
@@ -10,10 +13,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/broker"
 )
 
-// NATS publishes to and consumes from one JetStream stream.
-type NATS struct {
+// JetStream publishes to and consumes from one JetStream stream.
+type JetStream struct {
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	prefix  string // subject prefix: subjects are prefix.topic
@@ -21,11 +26,11 @@ type NATS struct {
 	ackWait time.Duration
 }
 
-// OpenNATS connects to a NATS server with JetStream and creates the stream
+// Open connects to a NATS server with JetStream and creates the stream
 // if it is missing. Publishes set Nats-Msg-Id to the event id, so the stream's
 // duplicate window drops a relay's republish of an id it already stored.
-func OpenNATS(ctx context.Context, rawURL string, opts Options) (*NATS, error) {
-	ns, err := opts.namespace()
+func Open(ctx context.Context, rawURL string, opts broker.Options) (*JetStream, error) {
+	ns, err := opts.ValidNamespace()
 	if err != nil {
 		return nil, err
 	}
@@ -42,7 +47,7 @@ func OpenNATS(ctx context.Context, rawURL string, opts Options) (*NATS, error) {
 		nc.Close()
 		return nil, fmt.Errorf("broker: JetStream: %w", err)
 	}
-	n := &NATS{nc: nc, js: js, prefix: ns, stream: strings.ToUpper(strings.ReplaceAll(ns, "-", "_")), ackWait: 30 * time.Second}
+	n := &JetStream{nc: nc, js: js, prefix: ns, stream: strings.ToUpper(strings.ReplaceAll(ns, "-", "_")), ackWait: 30 * time.Second}
 	if opts.AckWait > 0 {
 		n.ackWait = opts.AckWait
 	}
@@ -59,26 +64,26 @@ func OpenNATS(ctx context.Context, rawURL string, opts Options) (*NATS, error) {
 }
 
 // Stream is the JetStream stream name.
-func (n *NATS) Stream() string { return n.stream }
+func (n *JetStream) Stream() string { return n.stream }
 
 // Subject is where a topic's messages go.
-func (n *NATS) Subject(topic string) string { return n.prefix + "." + topic }
+func (n *JetStream) Subject(topic string) string { return n.prefix + "." + topic }
 
 // Publish stores msg in the stream and waits for JetStream's ack.
-func (n *NATS) Publish(ctx context.Context, msg Message) error {
+func (n *JetStream) Publish(ctx context.Context, msg broker.Message) error {
 	m := nats.NewMsg(n.Subject(msg.Topic))
 	for k, v := range msg.Headers {
 		m.Header.Set(k, v)
 	}
 	m.Header.Set(jetstream.MsgIDHeader, msg.ID)
-	m.Header.Set(HeaderAggregateType, msg.AggregateType)
-	m.Header.Set(HeaderAggregateID, msg.AggregateID)
-	m.Header.Set(HeaderAggregateSeq, strconv.FormatInt(msg.AggregateSeq, 10))
-	m.Header.Set(HeaderEventType, msg.EventType)
+	m.Header.Set(broker.HeaderAggregateType, msg.AggregateType)
+	m.Header.Set(broker.HeaderAggregateID, msg.AggregateID)
+	m.Header.Set(broker.HeaderAggregateSeq, strconv.FormatInt(msg.AggregateSeq, 10))
+	m.Header.Set(broker.HeaderEventType, msg.EventType)
 	m.Data = msg.Payload
 	if _, err := n.js.PublishMsg(ctx, m); err != nil {
 		if !n.nc.IsConnected() {
-			return fmt.Errorf("%w: publish to %s while disconnected: %w", ErrUnavailable, m.Subject, err)
+			return fmt.Errorf("%w: publish to %s while disconnected: %w", broker.ErrUnavailable, m.Subject, err)
 		}
 		return fmt.Errorf("broker: publish to %s: %w", m.Subject, err)
 	}
@@ -87,8 +92,8 @@ func (n *NATS) Publish(ctx context.Context, msg Message) error {
 
 // Subscribe consumes on a durable pull consumer named consumer, one message
 // at a time so per-aggregate order is kept, until ctx ends.
-func (n *NATS) Subscribe(ctx context.Context, consumer string, h Handler) error {
-	if err := checkConsumer(consumer); err != nil {
+func (n *JetStream) Subscribe(ctx context.Context, consumer string, h broker.Handler) error {
+	if err := broker.ValidateConsumer(consumer); err != nil {
 		return err
 	}
 	cons, err := n.js.CreateOrUpdateConsumer(ctx, n.stream, jetstream.ConsumerConfig{
@@ -124,7 +129,7 @@ func (n *NATS) Subscribe(ctx context.Context, consumer string, h Handler) error 
 			return fmt.Errorf("broker: next message: %w", err)
 		}
 		msg := fromNATS(jm)
-		if herr := handleInPlace(ctx, h, msg, func() { _ = jm.InProgress() }); herr != nil {
+		if herr := broker.HandleInPlace(ctx, h, msg, func() { _ = jm.InProgress() }); herr != nil {
 			// Stopped while the effect was failing: hand it back for later.
 			_ = jm.Nak()
 			continue
@@ -137,15 +142,15 @@ func (n *NATS) Subscribe(ctx context.Context, consumer string, h Handler) error 
 	}
 }
 
-func fromNATS(jm jetstream.Msg) Message {
+func fromNATS(jm jetstream.Msg) broker.Message {
 	h := jm.Headers()
-	seq, _ := strconv.ParseInt(h.Get(HeaderAggregateSeq), 10, 64)
-	msg := Message{
+	seq, _ := strconv.ParseInt(h.Get(broker.HeaderAggregateSeq), 10, 64)
+	msg := broker.Message{
 		ID:            h.Get(jetstream.MsgIDHeader),
-		AggregateType: h.Get(HeaderAggregateType),
-		AggregateID:   h.Get(HeaderAggregateID),
+		AggregateType: h.Get(broker.HeaderAggregateType),
+		AggregateID:   h.Get(broker.HeaderAggregateID),
 		AggregateSeq:  seq,
-		EventType:     h.Get(HeaderEventType),
+		EventType:     h.Get(broker.HeaderEventType),
 		Payload:       jm.Data(),
 	}
 	if i := strings.IndexByte(jm.Subject(), '.'); i >= 0 {
@@ -153,7 +158,7 @@ func fromNATS(jm jetstream.Msg) Message {
 	}
 	for k := range h {
 		switch k {
-		case jetstream.MsgIDHeader, HeaderAggregateType, HeaderAggregateID, HeaderAggregateSeq, HeaderEventType:
+		case jetstream.MsgIDHeader, broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType:
 			continue
 		}
 		if msg.Headers == nil {
@@ -166,7 +171,7 @@ func fromNATS(jm jetstream.Msg) Message {
 
 // Close drains nothing: the publisher waits for acks, so there is nothing
 // buffered to lose.
-func (n *NATS) Close() error {
+func (n *JetStream) Close() error {
 	n.nc.Close()
 	return nil
 }

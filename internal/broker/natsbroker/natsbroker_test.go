@@ -1,0 +1,208 @@
+package natsbroker_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/broker/brokertest"
+	"github.com/sluice-dev/sluice/internal/broker/natsbroker"
+	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
+)
+
+func startNATS(t *testing.T) *natsembedded.Server {
+	t.Helper()
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	return srv
+}
+
+func open(t *testing.T, url string, opts broker.Options) *natsbroker.JetStream {
+	t.Helper()
+	b, err := natsbroker.Open(context.Background(), url, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func TestRoundTrip(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	brokertest.RoundTrip(t, b, brokertest.Messages(200, 7))
+}
+
+func TestOpenRejectsAnInvalidNamespace(t *testing.T) {
+	t.Parallel()
+	if _, err := natsbroker.Open(context.Background(), "nats://127.0.0.1:1", broker.Options{Namespace: "Bad Name"}); err == nil {
+		t.Fatal("an invalid namespace was accepted")
+	}
+}
+
+// The event id is the Nats-Msg-Id: a relay republishing an id (after a crash
+// before its mark) does not store it twice within the duplicate window.
+func TestDeduplicatesByEventID(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	ctx := context.Background()
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	m := brokertest.Messages(1, 1)[0]
+	for range 3 {
+		if err := b.Publish(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	st, err := js.Stream(ctx, b.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("stream holds %d messages after 3 publishes of one id, want 1", info.State.Msgs)
+	}
+	msg, err := st.GetLastMsgForSubject(ctx, b.Subject(m.Topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg.Header.Get(jetstream.MsgIDHeader) != m.ID || msg.Header.Get(broker.HeaderAggregateID) != m.AggregateID {
+		t.Fatalf("stored headers %v", msg.Header)
+	}
+}
+
+func TestRetriesAFailedEffectInPlace(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	brokertest.RetriesInPlace(t, open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)}))
+}
+
+// A consumer that dies holding delivered but unacknowledged messages (a
+// crash, a cut connection) must not let its successor run ahead of them: the
+// successor would apply later events of an aggregate first, and the inbox
+// would then drop the redelivered earlier ones as stale, losing their
+// effects. JetStream therefore keeps one message in flight per consumer, and
+// the successor sees every sequence in order.
+func TestConsumerCrashKeepsOrder(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	opts := broker.Options{Namespace: brokertest.Namespace(t), AckWait: 2 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	pub := open(t, srv.ClientURL(), opts)
+	msgs := brokertest.Messages(300, 1) // one aggregate: sequences 1..300
+	for _, m := range msgs {
+		if err := pub.Publish(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The first consumer applies sequence 1, then hangs on 2 and dies.
+	first := open(t, srv.ClientURL(), opts)
+	firstCtx, kill := context.WithCancel(ctx)
+	hung := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- first.Subscribe(firstCtx, "reader", func(ctx context.Context, m broker.Message) error {
+			if m.AggregateSeq == 1 {
+				return nil
+			}
+			close(hung)
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	select {
+	case <-hung:
+	case <-ctx.Done():
+		t.Fatal("the first consumer never got sequence 2")
+	}
+	// The pull that brought sequence 2 asked for more: whatever the server
+	// handed this client with it is what a successor could overtake.
+	_ = first.Close()
+	kill()
+	<-done
+
+	second := open(t, srv.ClientURL(), opts)
+	var got []int64
+	secondCtx, stop := context.WithCancel(ctx)
+	err := second.Subscribe(secondCtx, "reader", func(_ context.Context, m broker.Message) error {
+		got = append(got, m.AggregateSeq)
+		if len(got) == len(msgs)-1 {
+			stop()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(msgs)-1 {
+		t.Fatalf("the successor received %d messages, want %d", len(got), len(msgs)-1)
+	}
+	for i, seq := range got {
+		if seq != int64(i+2) {
+			t.Fatalf("the successor's message %d has sequence %d, want %d (order lost after a crash): %v", i, seq, i+2, got[:min(len(got), i+5)])
+		}
+	}
+}
+
+// A publish while the NATS server is gone fails as broker.ErrUnavailable (so
+// the relay backs off without spending the event's attempts), and the same
+// client publishes again once a server is back on the port and folder.
+func TestPublishDuringOutageIsUnavailable(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	srv, err := natsembedded.Start(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := srv.Port()
+	ctx := context.Background()
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	msgs := brokertest.Messages(2, 1)
+	if err := b.Publish(ctx, msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err = b.Publish(pctx, msgs[1])
+	cancel()
+	if !errors.Is(err, broker.ErrUnavailable) {
+		t.Fatalf("publish with the server down: %v, want ErrUnavailable", err)
+	}
+	srv, err = natsembedded.StartAt(dir, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := b.Publish(pctx, msgs[1])
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no publish after the restart: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,129 @@
+package rabbitbroker
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/broker/brokertest"
+)
+
+func open(t *testing.T, opts broker.Options) *RabbitMQ {
+	t.Helper()
+	opts.Namespace = brokertest.Namespace(t)
+	r, err := Open(context.Background(), brokertest.RabbitURL, opts)
+	if err != nil {
+		t.Fatalf("RabbitMQ on 127.0.0.1:5672 (guest/guest) is needed: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := r.DeleteNamespace("reader"); err != nil {
+			t.Logf("cleanup: %v", err)
+		}
+		r.Close()
+	})
+	return r
+}
+
+// A publish that gave up (its context ended) before the broker returned its
+// message as unroutable leaves nothing behind: the late return is dropped,
+// so the relay's retry of the same event, now routable, is not reported
+// unroutable, and the bookkeeping holds no entry once no publish waits.
+func TestStaleReturnsAreDropped(t *testing.T) {
+	t.Parallel()
+	r := open(t, broker.Options{})
+	ctx := context.Background()
+	msgs := brokertest.Messages(21, 21)
+	waitConfirm := r.waitConfirm
+
+	// No queue yet: every message is returned. The first publish gives up
+	// once the broker confirmed (its return is then in the buffer), the
+	// others at once (their returns come after they are gone).
+	r.waitConfirm = func(_ context.Context, dc *amqp.DeferredConfirmation) (bool, error) {
+		<-dc.Done()
+		return false, context.DeadlineExceeded
+	}
+	if err := r.Publish(ctx, msgs[0]); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("publish that gave up = %v, want DeadlineExceeded", err)
+	}
+	r.waitConfirm = func(context.Context, *amqp.DeferredConfirmation) (bool, error) {
+		return false, context.DeadlineExceeded
+	}
+	for _, m := range msgs[1:] {
+		if err := r.Publish(ctx, m); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("publish that gave up = %v, want DeadlineExceeded", err)
+		}
+	}
+
+	// Now a queue receives them: the retries are routed, and confirmed after
+	// every earlier return arrived.
+	r.waitConfirm = waitConfirm
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if err := r.Publish(ctx, m); err != nil {
+			t.Fatalf("retry of %s once a queue exists: %v (a stale return was taken for its own)", m.ID, err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.waiting) != 0 {
+		t.Fatalf("%d publish entries left with no publish waiting: %v", len(r.waiting), r.waiting)
+	}
+	if len(r.returns) != 0 {
+		t.Fatalf("%d returns left in the buffer", len(r.returns))
+	}
+}
+
+// A session cut under a running consumer (connection lost) is retried and
+// the consumer goes on; each cut follows a session that worked, so it
+// counts as the first failure in a row, never as one more: two cuts with
+// MaxConsumeFailures 2 do not stop it.
+func TestSubscribeRidesOutCutConnections(t *testing.T) {
+	t.Parallel()
+	r := open(t, broker.Options{MaxConsumeFailures: 2})
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	subCtx, stop := context.WithCancel(ctx)
+	seen := make(chan string, 100)
+	done := make(chan error, 1)
+	go func() {
+		done <- r.Subscribe(subCtx, "reader", func(_ context.Context, m broker.Message) error {
+			seen <- m.ID
+			return nil
+		})
+	}()
+	msgs := brokertest.Messages(3, 1)
+	for i, m := range msgs {
+		if err := r.Publish(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		// Wait for it (a cut may deliver an earlier one again first).
+		for got := ""; got != m.ID; {
+			select {
+			case got = <-seen:
+			case err := <-done:
+				t.Fatalf("Subscribe returned %v before message %d arrived", err, i)
+			case <-ctx.Done():
+				t.Fatalf("message %d never arrived", i)
+			}
+		}
+		if i < len(msgs)-1 {
+			r.mu.Lock()
+			conn := r.conn
+			r.mu.Unlock()
+			_ = conn.Close()
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Subscribe = %v after two cut connections, want nil", err)
+	}
+}

@@ -1,0 +1,411 @@
+// Package rabbitbroker is the RabbitMQ adapter of the broker contract:
+// persistent, mandatory publishes to a durable topic exchange with publisher
+// confirms, and durable queues bound to it consumed one message at a time.
+package rabbitbroker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+)
+
+// ErrUnroutable reports a message the exchange could route to no queue: the
+// broker confirmed it but nobody will ever read it, so it is not published.
+var ErrUnroutable = errors.New("broker: message routed to no queue")
+
+// headerPublishID carries a token unique to one Publish call, so a
+// basic.return is matched to the publish that is waiting for it and never to
+// a later publish of the same event id (a relay's retry after a timeout).
+// Consumers do not see it: fromAMQP drops it.
+const headerPublishID = "Sluice-Publish-Id"
+
+// Subscribe's wait between consume attempts, and the default number of
+// failures in a row it tolerates (Options.MaxConsumeFailures).
+const (
+	consumeRetryBase          = 500 * time.Millisecond
+	consumeRetryCap           = 30 * time.Second
+	defaultMaxConsumeFailures = 10
+)
+
+// errDeliveriesClosed is a consume session ended by the broker or the
+// connection rather than by us.
+var errDeliveriesClosed = errors.New("delivery channel closed")
+
+// RabbitMQ publishes to a durable topic exchange with publisher confirms and
+// consumes from durable queues bound to it.
+type RabbitMQ struct {
+	url         string
+	exchange    string
+	maxFailures int // consume failures in a row before Subscribe gives up; < 0: never
+	log         *slog.Logger
+
+	mu      sync.Mutex
+	conn    *amqp.Connection
+	pub     *amqp.Channel
+	returns chan amqp.Return
+	// waiting holds one entry per Publish that is waiting for its confirm,
+	// keyed by its publish token: true once the broker returned that
+	// publish as unroutable. A publish removes its entry whatever its
+	// outcome, and returns whose publish is gone are dropped, so the map
+	// never outgrows the publishes in flight.
+	waiting  map[string]bool
+	sequence uint64 // last publish token
+
+	// waitConfirm waits for a publish's confirm (a seam for tests that play
+	// a publish giving up after its message was sent).
+	waitConfirm func(ctx context.Context, dc *amqp.DeferredConfirmation) (bool, error)
+}
+
+// Open connects to RabbitMQ and declares the exchange.
+func Open(ctx context.Context, rawURL string, opts broker.Options) (*RabbitMQ, error) {
+	ns, err := opts.ValidNamespace()
+	if err != nil {
+		return nil, err
+	}
+	r := &RabbitMQ{
+		url: rawURL, exchange: ns, maxFailures: opts.MaxConsumeFailures, log: opts.Logger,
+		waiting: map[string]bool{},
+		waitConfirm: func(ctx context.Context, dc *amqp.DeferredConfirmation) (bool, error) {
+			return dc.WaitContext(ctx)
+		},
+	}
+	if r.maxFailures == 0 {
+		r.maxFailures = defaultMaxConsumeFailures
+	}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, err := r.channelLocked(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Exchange is the topic exchange messages are published to.
+func (r *RabbitMQ) Exchange() string { return r.exchange }
+
+// Queue is the durable queue of a consumer.
+func (r *RabbitMQ) Queue(consumer string) string { return r.exchange + "." + consumer }
+
+// channelLocked returns the publishing channel, redialling after a lost
+// connection (amqp091 does not reconnect by itself).
+func (r *RabbitMQ) channelLocked() (*amqp.Channel, error) {
+	if r.pub != nil && !r.pub.IsClosed() {
+		return r.pub, nil
+	}
+	if r.conn == nil || r.conn.IsClosed() {
+		conn, err := amqp.DialConfig(r.url, amqp.Config{Heartbeat: 10 * time.Second, Properties: amqp.Table{"connection_name": "sluice"}})
+		if err != nil {
+			return nil, fmt.Errorf("broker: connect to RabbitMQ: %w", err)
+		}
+		r.conn = conn
+	}
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("broker: open channel: %w", err)
+	}
+	if err := ch.ExchangeDeclare(r.exchange, "topic", true, false, false, false, nil); err != nil {
+		ch.Close()
+		return nil, fmt.Errorf("broker: declare exchange %s: %w", r.exchange, err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		ch.Close()
+		return nil, fmt.Errorf("broker: enable publisher confirms: %w", err)
+	}
+	// Buffered: the client hands a basic.return over before it processes the
+	// ack of the same message, so after a confirm the return (if any) is
+	// already in this buffer.
+	r.returns = ch.NotifyReturn(make(chan amqp.Return, 1024))
+	r.pub = ch
+	return ch, nil
+}
+
+// drainReturnsLocked marks the waiting publishes the broker returned and
+// drops returns whose publish already gave up.
+func (r *RabbitMQ) drainReturnsLocked() {
+	for {
+		select {
+		case ret, ok := <-r.returns:
+			if !ok {
+				return
+			}
+			token, _ := ret.Headers[headerPublishID].(string)
+			if _, waiting := r.waiting[token]; waiting {
+				r.waiting[token] = true
+			}
+		default:
+			return
+		}
+	}
+}
+
+// Publish sends msg as a persistent, mandatory message and waits for the
+// broker's confirm. MessageId is the event id; the aggregate travels in
+// headers (AMQP has no property for it).
+func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
+	r.mu.Lock()
+	ch, err := r.channelLocked()
+	r.sequence++
+	token := strconv.FormatUint(r.sequence, 36)
+	if err == nil {
+		r.waiting[token] = false
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("%w: %w", broker.ErrUnavailable, err)
+	}
+	// However the publish ends, its entry goes: a return that arrives after
+	// a give-up (timeout, closed channel) is dropped, not kept forever.
+	defer func() {
+		r.mu.Lock()
+		r.drainReturnsLocked()
+		delete(r.waiting, token)
+		r.mu.Unlock()
+	}()
+	headers := amqp.Table{
+		broker.HeaderAggregateType: msg.AggregateType,
+		broker.HeaderAggregateID:   msg.AggregateID,
+		broker.HeaderAggregateSeq:  strconv.FormatInt(msg.AggregateSeq, 10),
+		broker.HeaderEventType:     msg.EventType,
+	}
+	for k, v := range msg.Headers {
+		headers[k] = v
+	}
+	headers[headerPublishID] = token
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, r.exchange, msg.Topic, true, false, amqp.Publishing{
+		MessageId:    msg.ID,
+		Type:         msg.EventType,
+		ContentType:  "application/json",
+		DeliveryMode: amqp.Persistent,
+		Timestamp:    time.Now(),
+		Headers:      headers,
+		Body:         msg.Payload,
+	})
+	if err != nil {
+		if errors.Is(err, amqp.ErrClosed) {
+			return fmt.Errorf("%w: publish to %s/%s: %w", broker.ErrUnavailable, r.exchange, msg.Topic, err)
+		}
+		return fmt.Errorf("broker: publish to %s/%s: %w", r.exchange, msg.Topic, err)
+	}
+	acked, err := r.waitConfirm(ctx, dc)
+	if err != nil {
+		if ch.IsClosed() {
+			return fmt.Errorf("%w: confirm of %s: %w", broker.ErrUnavailable, msg.ID, err)
+		}
+		return fmt.Errorf("broker: confirm of %s: %w", msg.ID, err)
+	}
+	if !acked {
+		return fmt.Errorf("broker: RabbitMQ refused (nack) %s", msg.ID)
+	}
+	r.mu.Lock()
+	r.drainReturnsLocked()
+	unroutable := r.waiting[token]
+	r.mu.Unlock()
+	if unroutable {
+		return fmt.Errorf("%w: exchange %s, routing key %s", ErrUnroutable, r.exchange, msg.Topic)
+	}
+	return nil
+}
+
+// DeclareQueue declares consumer's durable queue bound to every topic of the
+// exchange. Subscribe does it too; call it first when publishing may start
+// before the consumer does (mandatory publishes to no queue are refused).
+func (r *RabbitMQ) DeclareQueue(consumer string) error {
+	if err := broker.ValidateConsumer(consumer); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, err := r.channelLocked(); err != nil {
+		return err
+	}
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("broker: open channel: %w", err)
+	}
+	defer ch.Close()
+	return r.declareQueue(ch, consumer)
+}
+
+func (r *RabbitMQ) declareQueue(ch *amqp.Channel, consumer string) error {
+	q := r.Queue(consumer)
+	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("broker: declare queue %s: %w", q, err)
+	}
+	if err := ch.QueueBind(q, "#", r.exchange, false, nil); err != nil {
+		return fmt.Errorf("broker: bind queue %s: %w", q, err)
+	}
+	return nil
+}
+
+// Subscribe consumes consumer's durable queue one message at a time (so
+// per-aggregate order is kept) until ctx ends, reconnecting after a lost
+// connection. Each failure to consume (no connection, queue declaration
+// refused, session cut) is logged and followed by a pause, 500ms doubling to
+// 30s; a session that got as far as consuming resets both the pause and the
+// count. After Options.MaxConsumeFailures failures in a row Subscribe
+// returns the last one, so the consumer stops visibly (the console's
+// consume subcommand exits non-zero) instead of retrying in silence.
+func (r *RabbitMQ) Subscribe(ctx context.Context, consumer string, h broker.Handler) error {
+	if err := broker.ValidateConsumer(consumer); err != nil {
+		return err
+	}
+	queue := r.Queue(consumer)
+	wait := consumeRetryBase
+	failures := 0
+	for {
+		consumed, err := r.consume(ctx, consumer, h)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			err = errDeliveriesClosed
+		}
+		if consumed {
+			failures, wait = 0, consumeRetryBase
+		}
+		failures++
+		if r.maxFailures > 0 && failures >= r.maxFailures {
+			r.log.Error("broker: RabbitMQ consume failed, giving up", "queue", queue, "failures", failures, "err", err)
+			return fmt.Errorf("broker: consume %s failed %d times in a row: %w", queue, failures, err)
+		}
+		r.log.Warn("broker: RabbitMQ consume failed, retrying", "queue", queue, "failures", failures, "retry_in", wait, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		wait = min(2*wait, consumeRetryCap)
+	}
+}
+
+// consume runs one consume session on a channel of its own until ctx ends
+// (nil), the broker or the connection ends it (nil, consumed), or a step
+// fails (its error). consumed reports that the session got as far as
+// consuming, so its end is not a failure to start.
+func (r *RabbitMQ) consume(ctx context.Context, consumer string, h broker.Handler) (consumed bool, err error) {
+	r.mu.Lock()
+	if _, err := r.channelLocked(); err != nil {
+		r.mu.Unlock()
+		return false, err
+	}
+	ch, err := r.conn.Channel()
+	r.mu.Unlock()
+	if err != nil {
+		return false, fmt.Errorf("broker: open channel: %w", err)
+	}
+	defer ch.Close()
+	if err := r.declareQueue(ch, consumer); err != nil {
+		return false, err
+	}
+	if err := ch.Qos(1, 0, false); err != nil {
+		return false, fmt.Errorf("broker: qos: %w", err)
+	}
+	// Plain Consume with our own tag, cancelled by us before the channel
+	// closes: ConsumeWithContext cancels from a goroutine of its own, and a
+	// Cancel racing our Close on one channel can leave Close waiting forever.
+	tag := "sluice-" + consumer + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	deliveries, err := ch.Consume(r.Queue(consumer), tag, false, false, false, false, nil)
+	if err != nil {
+		return false, fmt.Errorf("broker: consume %s: %w", r.Queue(consumer), err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			_ = ch.Cancel(tag, false)
+			// Hand back what was prefetched; the channel's close requeues it too.
+			for d := range deliveries {
+				_ = d.Nack(false, true)
+			}
+			return true, nil
+		case d, ok := <-deliveries:
+			if !ok {
+				return true, nil
+			}
+			if herr := broker.HandleInPlace(ctx, h, fromAMQP(d), nil); herr != nil {
+				// Stopped while the effect was failing: back to the queue.
+				_ = d.Nack(false, true)
+				continue
+			}
+			if err := d.Ack(false); err != nil {
+				return true, fmt.Errorf("broker: ack: %w", err)
+			}
+		}
+	}
+}
+
+func fromAMQP(d amqp.Delivery) broker.Message {
+	str := func(k string) string {
+		s, _ := d.Headers[k].(string)
+		return s
+	}
+	seq, _ := strconv.ParseInt(str(broker.HeaderAggregateSeq), 10, 64)
+	msg := broker.Message{
+		ID:            d.MessageId,
+		Topic:         d.RoutingKey,
+		AggregateType: str(broker.HeaderAggregateType),
+		AggregateID:   str(broker.HeaderAggregateID),
+		AggregateSeq:  seq,
+		EventType:     d.Type,
+		Payload:       d.Body,
+	}
+	for k, v := range d.Headers {
+		switch k {
+		case broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType, headerPublishID:
+			continue
+		}
+		if s, ok := v.(string); ok {
+			if msg.Headers == nil {
+				msg.Headers = map[string]string{}
+			}
+			msg.Headers[k] = s
+		}
+	}
+	return msg
+}
+
+// Close closes the connection.
+func (r *RabbitMQ) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conn != nil && !r.conn.IsClosed() {
+		return r.conn.Close()
+	}
+	return nil
+}
+
+// DeleteNamespace removes the exchange and the queues of consumers (tests
+// and the demo clean up after themselves with it).
+func (r *RabbitMQ) DeleteNamespace(consumers ...string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, err := r.channelLocked(); err != nil {
+		return err
+	}
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("broker: open channel: %w", err)
+	}
+	defer ch.Close()
+	for _, c := range consumers {
+		if _, err := ch.QueueDelete(r.Queue(c), false, false, false); err != nil {
+			return fmt.Errorf("broker: delete queue %s: %w", r.Queue(c), err)
+		}
+	}
+	if err := ch.ExchangeDelete(r.exchange, false, false); err != nil {
+		return fmt.Errorf("broker: delete exchange %s: %w", r.exchange, err)
+	}
+	return nil
+}
