@@ -90,7 +90,8 @@ func TestSnapshotPlanUsesPartialIndexes(t *testing.T) {
 	if _, err := pool.Exec(ctx, `ANALYZE outbox_event`); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := pool.Query(ctx, "EXPLAIN "+live.SnapshotSQL, time.Now().Add(-time.Second))
+	sql, args := live.SnapshotQuery(time.Now().Add(-time.Second))
+	rows, err := pool.Query(ctx, "EXPLAIN "+sql, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -120,36 +120,6 @@ func collectIDs(rows pgx.Rows, err error) ([]uuid.UUID, error) {
 	return ids, nil
 }
 
-// Backlog is the state of the outbox's unfinished work.
-type Backlog struct {
-	Pending       int64     // pending, not under a live lease (includes backing-off events)
-	InFlight      int64     // pending under a live lease
-	Dead          int64     // dead letters waiting for an operator
-	OldestPending time.Time // created_at of the oldest pending event (zero when none)
-}
-
-// ReadBacklog counts unfinished work. Both counts read only the partial
-// indexes' rows (pending and dead), so they cost O(backlog), never O(history).
-func ReadBacklog(ctx context.Context, q db.Querier) (Backlog, error) {
-	var (
-		b      Backlog
-		oldest *time.Time
-	)
-	err := q.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE locked_until IS NULL OR locked_until < clock_timestamp()),
-		       count(*) FILTER (WHERE locked_until >= clock_timestamp()),
-		       min(created_at),
-		       (SELECT count(*) FROM outbox_event WHERE status = 'dead')
-		  FROM outbox_event WHERE status = 'pending'`).Scan(&b.Pending, &b.InFlight, &oldest, &b.Dead)
-	if err != nil {
-		return Backlog{}, fmt.Errorf("outbox: backlog: %w", err)
-	}
-	if oldest != nil {
-		b.OldestPending = *oldest
-	}
-	return b, nil
-}
-
 // Prune deletes published events whose published_at is older than
 // now-retention, at most batch rows per statement (db.MaxDeleteBatch at
 // most), until none are left. It never touches pending or dead events. It
