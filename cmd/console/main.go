@@ -39,6 +39,7 @@ func commands() map[string]command {
 		"consume":      {"reference consumer: broker → inbox-deduplicated effect", runConsume},
 		"payments-api": {"the reference payments service (Idempotency-Key API, recovery and reconcile workers)", runPaymentsAPI},
 		"payments":     {"payments operations: `payments reconcile --file F` applies a provider settlement file", runPayments},
+		"merchants":    {"merchants of the payments API: `merchants add|assign|keys|revoke` (API keys, account owners)", runMerchants},
 		"provider-sim": {"the simulated payment provider (its own HTTP server; fault mix set by flags)", runProviderSim},
 		"migrate":      {"apply (`migrate up`) or show (`migrate status`) the embedded schema migrations", runMigrate},
 		"prune":        {"one pruning pass (published outbox rows, inbox rows past retention), in small batches", runPrune},
