@@ -95,11 +95,6 @@ func LiveAttempt(ctx context.Context, q querier, merchantID, invoiceID, paymentT
 		WHERE merchant_id = $1 AND invoice_id = $2 AND payment_type = $3 AND status <> 'failed'`, merchantID, invoiceID, paymentType))
 }
 
-// getForUpdate reads one payment and locks it until tx ends.
-func getForUpdate(ctx context.Context, tx pgx.Tx, op uuid.UUID) (Payment, error) {
-	return scanPayment(tx.QueryRow(ctx, `SELECT `+paymentCols+` FROM payment WHERE operation_id = $1 FOR UPDATE`, op))
-}
-
 // ListUnknown returns unknown payments, oldest first (the partial index
 // payment_unknown_idx keeps this O(unknown)).
 func ListUnknown(ctx context.Context, q querier, limit int) ([]Payment, error) {

@@ -111,7 +111,7 @@ func TestDBClockSync(t *testing.T) {
 	if _, err := c.sync(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
-	if d := c.Now().Sub(time.Now()); d > 5*time.Second || d < -5*time.Second {
+	if d := time.Until(c.Now()); d > 5*time.Second || d < -5*time.Second {
 		t.Fatalf("offset after sync with a database on this machine: %s", d)
 	}
 }
