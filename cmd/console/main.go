@@ -40,6 +40,7 @@ func commands() map[string]command {
 		"consume":      {"reference consumer: broker → inbox-deduplicated effect", nil, runConsume},
 		"payments-api": {"the reference payments service (Idempotency-Key API, recovery and reconcile workers)", nil, runPaymentsAPI},
 		"payments":     {"payments operations: `payments reconcile --file F` applies a provider settlement file", []string{"reconcile"}, runPayments},
+		"merchants":    {"merchants of the payments API: `merchants add|assign|keys|revoke` (API keys, account owners)", []string{"add", "assign", "keys", "revoke"}, runMerchants},
 		"provider-sim": {"the simulated payment provider (its own HTTP server; fault mix set by flags)", nil, runProviderSim},
 		"migrate":      {"apply (`migrate up`) or show (`migrate status`) the embedded schema migrations", []string{"up", "status"}, runMigrate},
 		"prune":        {"one pruning pass (published outbox rows, inbox rows past retention), in small batches", nil, runPrune},

@@ -8,8 +8,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-dev/sluice/internal/config"
@@ -21,7 +20,7 @@ import (
 
 func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 	var c config.PaymentsAPI
-	f := config.NewFlags("payments-api", "The reference payments service: POST /v1/payments (Idempotency-Key, X-Merchant-ID), GET /v1/payments/{operation_id},\n/metrics, and the recovery, reconcile and expiry workers.", e.lookup, e.stderr)
+	f := config.NewFlags("payments-api", "The reference payments service: POST /v1/payments (Authorization: Bearer <merchant API key>, Idempotency-Key),\nGET /v1/payments/{operation_id}, /metrics, and the recovery, reconcile and expiry workers.\nMerchants and their keys: `console merchants --help`. Answer codes: docs/payments-api.md.", e.lookup, e.stderr)
 	c.Register(f)
 	if err := f.Parse(args); err != nil {
 		return err
@@ -34,13 +33,23 @@ func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	log := newLogger(e.stderr, c.LogLevel)
-	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)
+	pcfg, err := pgxpool.ParseConfig(c.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	// pgx's default (4, or the number of CPUs if more) queues requests
+	// behind a handful of connections; each request in flight holds one for
+	// a few short statements, so the pool is sized for the concurrency.
+	pcfg.MaxConns = int32(c.PoolSize)
+	pool, err := db.OpenConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := db.CheckSchema(ctx, pool); err != nil {
+		return err
+	}
+	reg := newProcessRegistry()
 	svc, err := payments.NewService(pool, provider.NewClient(c.ProviderURL, c.ProviderTimeout), kr, payments.Config{
 		Topic: c.Topic, Lease: c.Lease, RetryWindow: c.RetryWindow,
 		RecoveryInterval: c.RecoveryInterval, ReconcileInterval: c.ReconcileInterval,
@@ -49,13 +58,22 @@ func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("/", svc.Handler())
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
 		return fmt.Errorf("PAYMENTS_API_ADDR: listen %s: %w", c.Addr, err)
 	}
+	mux := http.NewServeMux()
+	if c.MetricsAddr == "" {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	} else {
+		stop, err := startMetricsListener(c.MetricsAddr, reg, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer stop()
+	}
+	mux.Handle("/", svc.Handler(payments.AllowedHosts(ln.Addr().String(), c.HostList())))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
@@ -65,7 +83,7 @@ func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 		defer close(workersDone)
 		_ = svc.RunWorkers(wctx)
 	}()
-	log.Info("payments-api listening", "addr", ln.Addr().String(), "provider", c.ProviderURL)
+	log.Info("payments-api listening", "addr", ln.Addr().String(), "provider", c.ProviderURL, "db_pool_size", c.PoolSize)
 	select {
 	case <-ctx.Done():
 	case err = <-serveErr:

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +12,9 @@ import (
 type PaymentsAPI struct {
 	Common
 	Addr              string
+	Hosts             string // PAYMENTS_API_HOSTS: extra Host names clients use, comma-separated
+	MetricsAddr       string
+	PoolSize          int
 	ProviderURL       string
 	ProviderTimeout   time.Duration
 	PIIKeys           string
@@ -29,6 +33,9 @@ type PaymentsAPI struct {
 func (c *PaymentsAPI) Register(f *Flags) {
 	RegisterCommon(f, &c.Common)
 	f.String(&c.Addr, "addr", "PAYMENTS_API_ADDR", "127.0.0.1:8081", "listen address of the payments API (also serves /metrics)")
+	f.String(&c.Hosts, "hosts", "PAYMENTS_API_HOSTS", "", "comma-separated Host names clients use to reach the API besides its listen address (name: any port, name:port: that port); other Host headers get 421 (DNS rebinding defence)")
+	f.String(&c.MetricsAddr, "metrics-addr", "METRICS_ADDR", "", "serve /metrics on this host:port instead of on PAYMENTS_API_ADDR")
+	f.Int(&c.PoolSize, "db-pool-size", "PAYMENTS_DB_POOL_SIZE", 32, "most database connections the service opens (each request in flight holds one for a few short statements)")
 	f.String(&c.ProviderURL, "provider-url", "PROVIDER_URL", "http://127.0.0.1:8082", "base URL of the payment provider (e.g. `console provider-sim`)")
 	f.Duration(&c.ProviderTimeout, "provider-timeout", "PROVIDER_TIMEOUT", 5*time.Second, "give up on one provider call after this long (the outcome becomes unknown)")
 	f.String(&c.PIIKeys, "pii-keys", "PII_KEYS", "", "keyring id:base64key,...; the first encrypts, all decrypt")
@@ -49,6 +56,20 @@ func (c *PaymentsAPI) Validate() error {
 	c.Common.Validate(&ck)
 	ck.Required("PAYMENTS_API_ADDR", c.Addr)
 	ck.Addr("PAYMENTS_API_ADDR", c.Addr)
+	ck.Addr("METRICS_ADDR", c.MetricsAddr)
+	if c.PoolSize < 1 || c.PoolSize > 1000 {
+		ck.Failf("PAYMENTS_DB_POOL_SIZE must be between 1 and 1000 (got %d)", c.PoolSize)
+	}
+	for _, h := range c.HostList() {
+		if strings.ContainsAny(h, "/ @") {
+			ck.Failf("PAYMENTS_API_HOSTS: %q is not a host name or host:port", h)
+		}
+	}
+	if host, _, err := net.SplitHostPort(c.Addr); err == nil && len(c.HostList()) == 0 {
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			ck.Failf("PAYMENTS_API_HOSTS is required when PAYMENTS_API_ADDR listens on all interfaces (%q): name the hosts clients use", c.Addr)
+		}
+	}
 	ck.Required("PROVIDER_URL", c.ProviderURL)
 	ck.URL("PROVIDER_URL", c.ProviderURL, "http", "https")
 	ck.Required("PII_KEYS", c.PIIKeys)
@@ -66,6 +87,17 @@ func (c *PaymentsAPI) Validate() error {
 		ck.Failf("PAYMENTS_LEASE (%s) must be longer than PROVIDER_TIMEOUT (%s), or recovery would take over calls still in flight", c.Lease, c.ProviderTimeout)
 	}
 	return ck.Err()
+}
+
+// HostList is PAYMENTS_API_HOSTS split on commas, blanks dropped.
+func (c *PaymentsAPI) HostList() []string {
+	var out []string
+	for _, h := range strings.Split(c.Hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // ProviderSim configures `console provider-sim`. Rates are probabilities in

@@ -22,8 +22,16 @@ func TestPaymentsAPIConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Addr != "127.0.0.1:8081" || c.RetryWindow.Hours() != 72 || c.Topic != "sluice.payments" {
+	if c.Addr != "127.0.0.1:8081" || c.RetryWindow.Hours() != 72 || c.Topic != "sluice.payments" || c.PoolSize != 32 || len(c.HostList()) != 0 {
 		t.Fatalf("defaults: %+v", c)
+	}
+	withHosts := map[string]string{"PAYMENTS_API_HOSTS": " pay.example.com, api.example.com:443 ,", "PAYMENTS_DB_POOL_SIZE": "64"}
+	for k, v := range base {
+		withHosts[k] = v
+	}
+	c, err = parse(withHosts, "--addr", "0.0.0.0:8081")
+	if err != nil || c.PoolSize != 64 || strings.Join(c.HostList(), "|") != "pay.example.com|api.example.com:443" {
+		t.Fatalf("hosts and pool size: %+v %v", c, err)
 	}
 	for _, tc := range []struct {
 		env  map[string]string
@@ -34,6 +42,10 @@ func TestPaymentsAPIConfig(t *testing.T) {
 		{base, []string{"--lease", "1s", "--provider-timeout", "5s"}, "PAYMENTS_LEASE"},
 		{base, []string{"--provider-url", "ftp://x"}, "PROVIDER_URL"},
 		{base, []string{"--addr", "nope"}, "PAYMENTS_API_ADDR"},
+		{base, []string{"--db-pool-size", "0"}, "PAYMENTS_DB_POOL_SIZE"},
+		{base, []string{"--addr", "0.0.0.0:8081"}, "PAYMENTS_API_HOSTS"},
+		{base, []string{"--hosts", "http://x/"}, "PAYMENTS_API_HOSTS"},
+		{base, []string{"--metrics-addr", "nope"}, "METRICS_ADDR"},
 	} {
 		_, err := parse(tc.env, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -185,11 +185,11 @@ On purpose, so there is something to look at:
   · about %.0f%% of deliveries reach the consumer twice; its inbox absorbs the duplicates
 
 Try the payments API yourself (the provider's faults apply; repeat it: same key, same answer, Idempotent-Replayed: true):
-  curl -i -X POST %s/v1/payments -H 'Idempotency-Key: try-1' -H 'X-Merchant-ID: m-demo' \
+  curl -i -X POST %s/v1/payments -H 'Idempotency-Key: try-1' -H 'Authorization: Bearer %s' \
     -d '{"invoice_id":"inv-try-1","account_id":1001,"amount":"12.50","currency":"TRY","customer":{"name":"Ada","email":"ada@example.com","tax_id":"123"}}'
 
 A status line follows every %s. Ctrl-C stops everything and removes what the demo created.
-`, poisonOneIn, relayMaxAttempts, redeliveryShare*100, d.payments.url, d.cfg.StatusEvery)
+`, poisonOneIn, relayMaxAttempts, redeliveryShare*100, d.payments.url, d.payments.apiKey, d.cfg.StatusEvery)
 }
 
 // goRun runs a part until the demo stops; a part that fails stops the demo.

@@ -117,9 +117,9 @@ func TestDemoComesAliveAndCleansUp(t *testing.T) {
 	}
 }
 
-// bannerCurl finds the payments example the banner prints: URL, key,
-// merchant and body.
-var bannerCurl = regexp.MustCompile(`curl -i -X POST (\S+) -H 'Idempotency-Key: ([^']+)' -H 'X-Merchant-ID: ([^']+)' \\\n\s+-d '([^']+)'`)
+// bannerCurl finds the payments example the banner prints: URL,
+// idempotency key, the demo merchant's API key and body.
+var bannerCurl = regexp.MustCompile(`curl -i -X POST (\S+) -H 'Idempotency-Key: ([^']+)' -H 'Authorization: Bearer ([^']+)' \\\n\s+-d '([^']+)'`)
 
 // tryBannerExample runs the banner's curl example twice, as a newcomer
 // would: the first answer is a real payment outcome (never a client error),
@@ -139,7 +139,7 @@ func tryBannerExample(t *testing.T, banner string) {
 		}
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		req.Header.Set("Idempotency-Key", m[2])
-		req.Header.Set("X-Merchant-ID", m[3])
+		req.Header.Set("Authorization", "Bearer "+m[3])
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			resp.Body.Close()

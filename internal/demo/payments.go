@@ -33,6 +33,7 @@ var demoFaults = provider.SimConfig{
 const (
 	demoProviderTimeout = 2 * time.Second // the payments service gives up here: the outcome is unknown
 	demoAccounts        = 20
+	demoMerchant        = "demo-merchant"
 )
 
 type paymentsPart struct {
@@ -41,6 +42,7 @@ type paymentsPart struct {
 	srv      *http.Server
 	url      string
 	workload *payments.Workload
+	apiKey   string // the demo merchant's key, shown in the banner's example
 }
 
 // startPayments starts the simulated provider, the payments service with its
@@ -78,7 +80,7 @@ func (d *Demo) startPayments(ctx context.Context) error {
 		return fmt.Errorf("PAYMENTS_API_ADDR %s: %w", d.cfg.PaymentsAddr, err)
 	}
 	p.url = "http://" + ln.Addr().String()
-	p.srv = &http.Server{Handler: p.svc.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	p.srv = &http.Server{Handler: p.svc.Handler(payments.AllowedHosts(ln.Addr().String(), nil)), ReadHeaderTimeout: 5 * time.Second}
 	d.goRun("payments API", func() error {
 		if err := p.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -91,11 +93,14 @@ func (d *Demo) startPayments(ctx context.Context) error {
 	for i := range accounts {
 		accounts[i] = int64(1001 + i)
 	}
-	if err := payments.SetupAccounts(ctx, d.pool, accounts, decimal.New(50000, 0)); err != nil {
+	// The demo's clients are one merchant that owns the accounts it pays
+	// from and authenticates with its own API key.
+	if p.apiKey, err = payments.SetupMerchant(ctx, d.pool, demoMerchant, "Demo merchant", accounts, decimal.New(50000, 0)); err != nil {
 		return err
 	}
 	p.workload = payments.NewWorkload(payments.WorkloadConfig{
 		BaseURL:  p.url,
+		APIKey:   p.apiKey,
 		Accounts: accounts,
 		Rate:     float64(d.cfg.PaymentRate),
 		// Shorter than the service's provider timeout: clients give up on slow or

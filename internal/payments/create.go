@@ -25,16 +25,18 @@ type Response struct {
 	RetryAfter int // seconds; set on 409 in progress
 }
 
-// Stable error codes of the API (the "code" field of error bodies).
+// Stable error codes of the API (the "code" field of error bodies). Every
+// code, its status and what a client should do is in docs/payments-api.md.
 const (
 	CodeMissingKey          = "missing_idempotency_key"
 	CodeInvalidKey          = "invalid_idempotency_key"
-	CodeMissingMerchant     = "missing_merchant_id"
+	CodeUnauthorized        = "unauthorized"
+	CodeMisdirected         = "misdirected_request"
+	CodeAccountForbidden    = "account_forbidden"
 	CodeInProgress          = "request_in_progress"
 	CodeKeyReused           = "idempotency_key_reused"
 	CodeDuplicateInvoice    = "duplicate_invoice"
 	CodeInsufficientFunds   = "insufficient_funds"
-	CodeUnknownAccount      = "unknown_account"
 	CodeCurrencyMismatch    = "currency_mismatch"
 	CodeDeclined            = "payment_declined"
 	CodeProviderUnavailable = "provider_unavailable"
@@ -43,6 +45,10 @@ const (
 	CodeNotFound            = "not_found"
 	CodeInternal            = "internal_error"
 )
+
+// PaymentTypeCharge is the payment_type of every payment this API makes;
+// it is part of the business identity (merchant, invoice, type).
+const PaymentTypeCharge = "charge"
 
 // ErrorBody is the JSON body of every error answer.
 func ErrorBody(code, message string) []byte {
@@ -60,7 +66,40 @@ type rejection struct {
 	code    string
 	message string
 	outcome string // sluice_payments_total label
+	body    []byte // the stored body when it is more than ErrorBody(code, message)
 }
+
+// DuplicateBody is the answer to a payment of an invoice that already has
+// a live attempt (processing, unknown or completed) under another key: 422
+// duplicate_invoice, final, naming the attempt that holds the invoice.
+type DuplicateBody struct {
+	Code        string `json:"code"`
+	Message     string `json:"message"`
+	OperationID string `json:"operation_id"`
+	Status      Status `json:"status"`
+	Attempt     int    `json:"attempt"`
+}
+
+// duplicateRejection words the final answer after the state of the attempt
+// that holds the invoice, so that what it says is true.
+func duplicateRejection(live Payment) *rejection {
+	op := live.OperationID.String()
+	var msg string
+	switch live.Status {
+	case StatusCompleted:
+		msg = "this invoice was already paid by operation " + op + "; final answer: do not retry, and do not pay it again under a new Idempotency-Key"
+	case StatusUnknown:
+		msg = "this invoice is being paid by operation " + op + ", whose outcome the provider has not confirmed yet; final answer: do not pay it again, follow that operation with GET /v1/payments/" + op
+	default:
+		msg = "this invoice is being paid by operation " + op + ", still in progress; final answer: do not pay it again, follow that operation with GET /v1/payments/" + op
+	}
+	b, _ := json.Marshal(DuplicateBody{Code: CodeDuplicateInvoice, Message: msg, OperationID: op, Status: live.Status, Attempt: live.Attempt})
+	return &rejection{status: 422, code: CodeDuplicateInvoice, message: msg, outcome: "rejected", body: b}
+}
+
+// errInvoiceTaken: the payment insert met a live or concurrent attempt of
+// the same invoice (the transaction is rolled back).
+var errInvoiceTaken = errors.New("payments: invoice has another attempt")
 
 func (r *rejection) Error() string { return r.code }
 
@@ -214,10 +253,34 @@ func (s *Service) encryptCustomer(c Customer) (map[string]string, []byte, error)
 }
 
 // reserve is the second transaction: it re-checks and extends the lease (a
-// fencing token: a worker that lost the key writes nothing), creates the
-// payment, reserves the balance with one conditional UPDATE and writes
+// fencing token: a worker that lost the key writes nothing), checks that the
+// account is the merchant's, creates the payment as the invoice's next
+// attempt, reserves the balance with one conditional UPDATE and writes
 // payment.requested.v1. It returns the extended lease.
+//
+// The invoice's unique indexes decide between racing keys: the loser's
+// transaction rolls back, and it answers with the attempt that holds the
+// invoice; when that attempt has failed meanwhile, the loser tries again as
+// the next attempt.
 func (s *Service) reserve(ctx context.Context, rec Record, lease time.Time, req Request, customer map[string]string, bidx []byte) (Payment, time.Time, error) {
+	for try := 0; ; try++ {
+		p, newLease, err := s.reserveOnce(ctx, rec, lease, req, customer, bidx)
+		if !errors.Is(err, errInvoiceTaken) {
+			return p, newLease, err
+		}
+		live, lerr := LiveAttempt(ctx, s.pool, rec.MerchantID, req.InvoiceID, PaymentTypeCharge)
+		switch {
+		case lerr == nil:
+			return Payment{}, lease, duplicateRejection(live)
+		case !errors.Is(lerr, ErrNotFound):
+			return Payment{}, lease, lerr
+		case try == 2:
+			return Payment{}, lease, fmt.Errorf("payments: invoice attempts kept changing: %w", err)
+		}
+	}
+}
+
+func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, req Request, customer map[string]string, bidx []byte) (Payment, time.Time, error) {
 	now := s.now()
 	var p Payment
 	newLease := lease
@@ -232,39 +295,44 @@ func (s *Service) reserve(ctx context.Context, rec Record, lease time.Time, req 
 		if err != nil {
 			return err
 		}
+		// One answer whether the account is another merchant's or does not
+		// exist at all: a merchant learns nothing about others' accounts.
 		var currency string
-		err = tx.QueryRow(ctx, `SELECT currency FROM account WHERE account_id = $1`, req.AccountID).Scan(&currency)
+		err = tx.QueryRow(ctx, `SELECT currency FROM account WHERE account_id = $1 AND merchant_id = $2`, req.AccountID, rec.MerchantID).Scan(&currency)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return &rejection{422, CodeUnknownAccount, "the account does not exist", "rejected"}
+			return &rejection{status: 403, code: CodeAccountForbidden, message: "the account is not one of this merchant's accounts", outcome: "rejected"}
 		}
 		if err != nil {
 			return err
 		}
 		if currency != req.Currency {
-			return &rejection{422, CodeCurrencyMismatch, "the account is kept in another currency", "rejected"}
+			return &rejection{status: 422, code: CodeCurrencyMismatch, message: "the account is kept in another currency", outcome: "rejected"}
 		}
 		custJSON, _ := json.Marshal(customer)
 		p, err = scanPayment(tx.QueryRow(ctx, `
-			INSERT INTO payment (operation_id, merchant_id, invoice_id, account_id, amount, currency, customer, customer_email_bidx, status, created_at, updated_at)
-			VALUES ($1, $2, $3, $4, $5::numeric, $6, $7, $8, 'processing', $9, $9)
-			RETURNING `+paymentCols,
-			rec.OperationID, rec.MerchantID, req.InvoiceID, req.AccountID, req.Amount.StringFixed(2), req.Currency, custJSON, bidx, now))
-		if db.Code(err) == db.CodeUniqueViolation && db.Constraint(err) == "payment_business_identity" {
-			return &rejection{409, CodeDuplicateInvoice, "this invoice already has a payment; a new Idempotency-Key does not make a second payment", "rejected"}
+			INSERT INTO payment (operation_id, merchant_id, invoice_id, payment_type, attempt, account_id, amount, currency, customer, customer_email_bidx, status, created_at, updated_at)
+			VALUES (@op, @merchant, @invoice, @type,
+				(SELECT coalesce(max(attempt), 0) + 1 FROM payment WHERE merchant_id = @merchant AND invoice_id = @invoice AND payment_type = @type),
+				@account, @amount::numeric, @currency, @customer, @bidx, 'processing', @now, @now)
+			RETURNING `+paymentCols, pgx.NamedArgs{
+			"op": rec.OperationID, "merchant": rec.MerchantID, "invoice": req.InvoiceID, "type": PaymentTypeCharge,
+			"account": req.AccountID, "amount": req.Amount.StringFixed(2), "currency": req.Currency, "customer": custJSON, "bidx": bidx, "now": now,
+		}))
+		if db.Code(err) == db.CodeUniqueViolation {
+			switch db.Constraint(err) {
+			case "payment_business_identity", "payment_business_attempt":
+				return errInvoiceTaken
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("payments: insert payment: %w", err)
 		}
-		// The balance invariant in one statement: the row lock makes a
-		// concurrent reservation wait and re-check against the new value.
-		tag, err := tx.Exec(ctx, `
-			UPDATE account SET reserved = reserved + $2::numeric, updated_at = $3
-			WHERE account_id = $1 AND balance - reserved >= $2::numeric`, req.AccountID, req.Amount.StringFixed(2), now)
+		ok, err := s.reserveBalance(ctx, tx, req.AccountID, req.Amount.StringFixed(2), now)
 		if err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
-			return &rejection{402, CodeInsufficientFunds, "the account's available balance does not cover the amount", "insufficient_funds"}
+		if !ok {
+			return &rejection{status: 402, code: CodeInsufficientFunds, message: "the account's available balance does not cover the amount", outcome: "insufficient_funds"}
 		}
 		if _, err := tx.Exec(ctx, `
 			INSERT INTO balance_reservation (operation_id, account_id, amount, status, created_at, updated_at)
@@ -280,14 +348,51 @@ func (s *Service) reserve(ctx context.Context, rec Record, lease time.Time, req 
 	return p, newLease, nil
 }
 
+// reserveBalance is the balance invariant in one conditional UPDATE: the
+// row lock makes a concurrent reservation wait and re-check against the new
+// value. It first tries the row lock without waiting, so that a wait — a
+// hot account — is seen and measured (sluice_payments_reservations_contended_total,
+// sluice_payments_reservation_lock_wait_seconds) without naming the account.
+func (s *Service) reserveBalance(ctx context.Context, tx pgx.Tx, account int64, amount string, now time.Time) (bool, error) {
+	var locked, reserved bool
+	err := tx.QueryRow(ctx, `
+		WITH l AS (SELECT account_id FROM account WHERE account_id = $1 FOR NO KEY UPDATE SKIP LOCKED),
+		u AS (
+			UPDATE account SET reserved = reserved + $2::numeric, updated_at = $3
+			WHERE account_id IN (SELECT account_id FROM l) AND balance - reserved >= $2::numeric
+			RETURNING 1)
+		SELECT EXISTS (SELECT 1 FROM l), EXISTS (SELECT 1 FROM u)`, account, amount, now).Scan(&locked, &reserved)
+	if err != nil {
+		return false, fmt.Errorf("payments: reserve: %w", err)
+	}
+	s.m.reservations.Inc()
+	if locked {
+		return reserved, nil
+	}
+	s.m.contended.Inc()
+	start := time.Now()
+	tag, err := tx.Exec(ctx, `
+		UPDATE account SET reserved = reserved + $2::numeric, updated_at = $3
+		WHERE account_id = $1 AND balance - reserved >= $2::numeric`, account, amount, now)
+	s.m.lockWait.Observe(time.Since(start).Seconds())
+	if err != nil {
+		return false, fmt.Errorf("payments: reserve: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
 // finishRejected stores a rejection as the key's result, if this worker
 // still holds the key.
 func (s *Service) finishRejected(ctx context.Context, op uuid.UUID, lease time.Time, rej *rejection) (Record, error) {
+	body := rej.body
+	if body == nil {
+		body = ErrorBody(rej.code, rej.message)
+	}
 	rec, err := scanRecord(s.pool.QueryRow(ctx, `
 		UPDATE idempotency_record
 		SET status = 'failed', response_status = $3, response_body = $4::jsonb, locked_until = NULL, updated_at = $5
 		WHERE operation_id = $1 AND status = 'processing' AND locked_until = $2
-		RETURNING `+recordCols, op, lease, rej.status, string(ErrorBody(rej.code, rej.message)), s.now()))
+		RETURNING `+recordCols, op, lease, rej.status, string(body), s.now()))
 	if errors.Is(err, ErrNotFound) {
 		return Record{}, ErrLeaseLost
 	}
@@ -300,6 +405,7 @@ type eventPayload struct {
 	OperationID string            `json:"operation_id"`
 	MerchantID  string            `json:"merchant_id"`
 	InvoiceID   string            `json:"invoice_id"`
+	Attempt     int               `json:"attempt"`
 	AccountID   int64             `json:"account_id"`
 	Amount      string            `json:"amount"`
 	Currency    string            `json:"currency"`
@@ -312,7 +418,7 @@ type eventPayload struct {
 }
 
 func insertEvent(ctx context.Context, tx pgx.Tx, topic, eventType string, p Payment, now time.Time, withCustomer bool) error {
-	ev := eventPayload{OperationID: p.OperationID.String(), MerchantID: p.MerchantID, InvoiceID: p.InvoiceID, AccountID: p.AccountID,
+	ev := eventPayload{OperationID: p.OperationID.String(), MerchantID: p.MerchantID, InvoiceID: p.InvoiceID, Attempt: p.Attempt, AccountID: p.AccountID,
 		Amount: p.Amount.StringFixed(2), Currency: p.Currency, Status: p.Status, ProviderRef: p.ProviderRef, FailureCode: p.FailureCode,
 		ResolvedBy: p.ResolvedBy, OccurredAt: now}
 	if withCustomer {

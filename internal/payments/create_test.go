@@ -141,15 +141,16 @@ func TestListKeyset(t *testing.T) {
 func TestKeyScopedByMerchant(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{})
-	e.account(1, "1000")
+	e.accountOf("m-a", 1, "1000")
+	e.accountOf("m-b", 2, "1000")
 	key := newKey()
 	a := e.postAs("m-a", key, payBody("inv-a", 1, "10"))
-	b := e.postAs("m-b", key, payBody("inv-b", 1, "20"))
+	b := e.postAs("m-b", key, payBody("inv-b", 2, "20"))
 	if a.status != 201 || b.status != 201 || b.header.Get("Idempotent-Replayed") != "" || opOf(t, a) == opOf(t, b) {
 		t.Fatalf("same key, two merchants: %d %s / %d %s", a.status, a.body, b.status, b.body)
 	}
 	// The same invoice id under two merchants is two business identities.
-	c := e.postAs("m-b", newKey(), payBody("inv-a", 1, "10"))
+	c := e.postAs("m-b", newKey(), payBody("inv-a", 2, "10"))
 	if c.status != 201 || e.sim.MoneyMoved() != 3 {
 		t.Fatalf("invoice scoped by merchant: %d %s", c.status, c.body)
 	}

@@ -3,14 +3,12 @@ package payments
 import (
 	"context"
 	"fmt"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/shopspring/decimal"
 
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
@@ -43,17 +41,14 @@ func TestFaultMixNeverFailsACharge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(svc.Handler())
-	defer srv.Close()
+	srv := startAPI(t, svc)
 	ctx := context.Background()
-	if err := CreateAccount(ctx, pool, 1, "TRY", decimal.New(100000, 0)); err != nil {
-		t.Fatal(err)
-	}
 	wctx, stopWorkers := context.WithCancel(ctx)
 	workersDone := make(chan struct{})
 	go func() { defer close(workersDone); _ = svc.RunWorkers(wctx) }()
 
-	e := &env{t: t, pool: pool, srv: srv, reg: reg, merchant: "m-1"}
+	e := &env{t: t, pool: pool, srv: srv, reg: reg, merchant: "m-1", keys: map[string]string{}}
+	e.account(1, "100000")
 	const payments, clients = 30, 3
 	var wg sync.WaitGroup
 	for i := range payments {

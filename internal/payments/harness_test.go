@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -56,7 +57,9 @@ type env struct {
 	clk      *clock
 	kr       *pii.Keyring
 	reg      *prometheus.Registry
-	merchant string
+	merchant string            // who e.post and e.get act as
+	keys     map[string]string // merchant → its API key (made on first use)
+	keysMu   sync.Mutex
 }
 
 type envOpts struct {
@@ -90,14 +93,60 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(svc.Handler())
-	t.Cleanup(srv.Close)
-	return &env{t: t, pool: pool, sim: sim, svc: svc, srv: srv, clk: clk, kr: kr, reg: reg, merchant: "m-1"}
+	srv := startAPI(t, svc)
+	return &env{t: t, pool: pool, sim: sim, svc: svc, srv: srv, clk: clk, kr: kr, reg: reg, merchant: "m-1", keys: map[string]string{}}
 }
 
+// startAPI serves the service's API on a loopback port, with the Host
+// allowlist a real listener gets.
+func startAPI(t testing.TB, svc *Service) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = svc.Handler(AllowedHosts(srv.Listener.Addr().String(), nil))
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// merchantKey is the factory for merchants: it creates the merchant and an
+// API key on first use and returns the key.
+func merchantKey(t testing.TB, pool *pgxpool.Pool, merchant string) string {
+	t.Helper()
+	ctx := context.Background()
+	if err := CreateMerchant(ctx, pool, merchant, "test "+merchant); err != nil && !errors.Is(err, ErrMerchantExists) {
+		t.Fatalf("create merchant %s: %v", merchant, err)
+	}
+	key, _, err := CreateKey(ctx, pool, merchant)
+	if err != nil {
+		t.Fatalf("create key for %s: %v", merchant, err)
+	}
+	return key
+}
+
+// keyOf is the API key of a merchant of this env (made on first use).
+func (e *env) keyOf(merchant string) string {
+	e.t.Helper()
+	e.keysMu.Lock()
+	defer e.keysMu.Unlock()
+	if k, ok := e.keys[merchant]; ok {
+		return k
+	}
+	k := merchantKey(e.t, e.pool, merchant)
+	e.keys[merchant] = k
+	return k
+}
+
+// account opens an account of e.merchant.
 func (e *env) account(id int64, balance string) {
 	e.t.Helper()
-	if err := CreateAccount(context.Background(), e.pool, id, "TRY", decimal.RequireFromString(balance)); err != nil {
+	e.accountOf(e.merchant, id, balance)
+}
+
+// accountOf opens an account owned by merchant.
+func (e *env) accountOf(merchant string, id int64, balance string) {
+	e.t.Helper()
+	e.keyOf(merchant)
+	if err := CreateAccount(context.Background(), e.pool, merchant, id, "TRY", decimal.RequireFromString(balance)); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -126,16 +175,32 @@ func (e *env) post(key, body string) answer {
 	return e.postAs(e.merchant, key, body)
 }
 
+// postAs pays as merchant (its API key; "" sends no Authorization).
 func (e *env) postAs(merchant, key, body string) answer {
+	e.t.Helper()
+	apiKey := ""
+	if merchant != "" {
+		apiKey = e.keyOf(merchant)
+	}
+	return e.postWithKey(apiKey, key, body)
+}
+
+// postWithKey pays with a raw API key ("" sends no Authorization).
+func (e *env) postWithKey(apiKey, key, body string) answer {
 	e.t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/payments", bytes.NewBufferString(body))
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	if merchant != "" {
-		req.Header.Set("X-Merchant-ID", merchant)
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
+	return e.do(req)
+}
+
+func (e *env) do(req *http.Request) answer {
+	e.t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		e.t.Errorf("POST: %v", err)
@@ -149,14 +214,8 @@ func (e *env) postAs(merchant, key, body string) answer {
 func (e *env) get(op string) answer {
 	e.t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, e.srv.URL+"/v1/payments/"+op, nil)
-	req.Header.Set("X-Merchant-ID", e.merchant)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		e.t.Fatalf("GET: %v", err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return answer{status: resp.StatusCode, header: resp.Header, body: b}
+	req.Header.Set("Authorization", "Bearer "+e.keyOf(e.merchant))
+	return e.do(req)
 }
 
 func payBody(invoice string, account int64, amount string) string {

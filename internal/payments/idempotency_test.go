@@ -259,10 +259,10 @@ func TestNewKeySameInvoice(t *testing.T) {
 	}
 	key2 := newKey()
 	a := e.post(key2, body)
-	if a.status != 409 || a.code(t) != CodeDuplicateInvoice {
-		t.Fatalf("second key, same invoice: %d %s", a.status, a.body)
+	if a.status != 422 || a.code(t) != CodeDuplicateInvoice || a.header.Get("Retry-After") != "" {
+		t.Fatalf("second key, same invoice: %d %v %s", a.status, a.header, a.body)
 	}
-	if again := e.post(key2, body); again.status != 409 || again.header.Get("Idempotent-Replayed") != "true" {
+	if again := e.post(key2, body); again.status != 422 || again.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("duplicate_invoice not stored as the key's result: %d %v", again.status, again.header)
 	}
 	// Concurrently, many new keys for one new invoice: one payment.
@@ -280,8 +280,8 @@ func TestNewKeySameInvoice(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if statuses[201] != 1 || statuses[409] != 19 {
-		t.Fatalf("20 keys for one invoice: %v, want one 201 and 19 409", statuses)
+	if statuses[201] != 1 || statuses[422] != 19 {
+		t.Fatalf("20 keys for one invoice: %v, want one 201 and 19 422", statuses)
 	}
 	if e.sim.MoneyMoved() != 2 || debits(e, 1) != 2 {
 		t.Fatalf("money moved %d times, %d debits; want 2", e.sim.MoneyMoved(), debits(e, 1))
@@ -307,7 +307,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 	}{
 		{"no key", "m-1", "", good, 400, CodeMissingKey},
 		{"long key", "m-1", strings.Repeat("k", 256), good, 400, CodeInvalidKey},
-		{"no merchant", "", newKey(), good, 400, CodeMissingMerchant},
+		{"no API key", "", newKey(), good, 401, CodeUnauthorized},
 		{"malformed", "m-1", newKey(), `{"invoice_id": "x",`, 400, "malformed_json"},
 		{"not an object", "m-1", newKey(), `[1,2]`, 400, "invalid_field"},
 		{"trailing data", "m-1", newKey(), good + `{}`, 400, "malformed_json"},
@@ -342,11 +342,12 @@ func TestBadInputWritesNothing(t *testing.T) {
 	if n := debits(e, 1); n != 0 || len(e.sim.Charges()) != 0 {
 		t.Errorf("bad input reached the ledger or the provider")
 	}
-	// A well-formed request for an account that does not exist is a
-	// business rejection stored as the key's result, with no payment.
+	// A well-formed request for an account that does not exist is refused
+	// like one for another merchant's account (403), stored as the key's
+	// result, with no payment.
 	key := newKey()
 	a := e.post(key, payBody("inv-nope", 99, "10"))
-	if a.status != 422 || a.code(t) != CodeUnknownAccount {
+	if a.status != 403 || a.code(t) != CodeAccountForbidden {
 		t.Fatalf("unknown account: %d %s", a.status, a.body)
 	}
 	if n := e.count(`SELECT count(*) FROM payment`); n != 0 {
@@ -392,9 +393,14 @@ func TestExpiryPrunesKeysOnly(t *testing.T) {
 	e.account(1, "5000")
 	e.svc.cfg.ExpiryBatch = 2
 	keys := []string{newKey(), newKey(), newKey(), newKey(), newKey()}
+	var firstOp string
 	for i, k := range keys {
-		if a := e.post(k, payBody(fmt.Sprintf("inv-exp-%d", i), 1, "10")); a.status != 201 {
+		a := e.post(k, payBody(fmt.Sprintf("inv-exp-%d", i), 1, "10"))
+		if a.status != 201 {
 			t.Fatalf("%d %s", a.status, a.body)
+		}
+		if i == 0 {
+			firstOp = opOf(t, a).String()
 		}
 	}
 	ctx := context.Background()
@@ -409,9 +415,14 @@ func TestExpiryPrunesKeysOnly(t *testing.T) {
 	if e.count(`SELECT count(*) FROM payment`) != 5 || debits(e, 1) != 5 {
 		t.Fatal("pruning touched payments or the ledger")
 	}
+	// The same key and payload after expiry: a final answer naming the
+	// payment that paid the invoice, in words that are true for it.
 	a := e.post(keys[0], payBody("inv-exp-0", 1, "10"))
-	if a.status != 409 || a.code(t) != CodeDuplicateInvoice {
-		t.Fatalf("expired key replayed after pruning: %d %s", a.status, a.body)
+	m := a.json(t)
+	if a.status != 422 || a.code(t) != CodeDuplicateInvoice || a.header.Get("Retry-After") != "" ||
+		m["operation_id"] != firstOp || m["status"] != string(StatusCompleted) ||
+		!strings.Contains(m["message"].(string), "already paid by operation "+firstOp) {
+		t.Fatalf("expired key replayed after pruning: %d %v %s", a.status, a.header, a.body)
 	}
 	if e.sim.MoneyMoved() != 5 {
 		t.Fatalf("money moved %d times", e.sim.MoneyMoved())

@@ -18,6 +18,15 @@ type metrics struct {
 	discrepancy  prometheus.Gauge
 	payments     *prometheus.CounterVec
 	providerCall *prometheus.HistogramVec
+
+	// Seed 002's measurements: p95/p99 latency per route, duplicate_ratio
+	// (replays ÷ POST requests), db_lock_wait and hot_account_rate
+	// (contended ÷ all reservations), without an id in any label.
+	requests     *prometheus.HistogramVec
+	replays      prometheus.Counter
+	reservations prometheus.Counter
+	contended    prometheus.Counter
+	lockWait     prometheus.Histogram
 }
 
 // newMetrics builds the package's collectors and registers them on reg (nil:
@@ -50,6 +59,28 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"op"}),
 	}
+	m.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sluice_payments_http_request_duration_seconds",
+		Help:    "Payments API request latency, by route template and status code.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"route", "code"})
+	m.replays = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_idempotency_replays_total",
+		Help: "Requests answered with the stored result of their Idempotency-Key (same key, same payload, already final).",
+	})
+	m.reservations = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_payments_reservations_total",
+		Help: "Balance reservations attempted (each takes its account's row lock).",
+	})
+	m.contended = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_payments_reservations_contended_total",
+		Help: "Reservations that found their account's row lock held by another transaction (a hot account).",
+	})
+	m.lockWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "sluice_payments_reservation_lock_wait_seconds",
+		Help:    "How long a contended reservation waited for its account's row lock.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+	})
 	for _, k := range []string{ConflictInProgress, ConflictPayloadMismatch, ConflictBusinessDuplicate} {
 		m.conflicts.WithLabelValues(k)
 	}
@@ -57,7 +88,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.payments.WithLabelValues(o)
 	}
 	if reg != nil {
-		reg.MustRegister(m.conflicts, m.unknown, m.reconcileAge, m.discrepancy, m.payments, m.providerCall)
+		reg.MustRegister(m.conflicts, m.unknown, m.reconcileAge, m.discrepancy, m.payments, m.providerCall,
+			m.requests, m.replays, m.reservations, m.contended, m.lockWait)
 	}
 	return m
 }

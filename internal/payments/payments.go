@@ -88,6 +88,7 @@ type Payment struct {
 	MerchantID      string
 	InvoiceID       string
 	PaymentType     string
+	Attempt         int // 1 for an invoice's first payment; a new one only after every earlier attempt failed
 	AccountID       int64
 	Amount          decimal.Decimal
 	Currency        string

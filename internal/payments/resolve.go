@@ -195,6 +195,7 @@ func moveReservation(ctx context.Context, tx pgx.Tx, op uuid.UUID, to string, no
 type PaymentBody struct {
 	OperationID string            `json:"operation_id"`
 	InvoiceID   string            `json:"invoice_id"`
+	Attempt     int               `json:"attempt"` // 1, or more after earlier attempts of the invoice failed
 	AccountID   int64             `json:"account_id"`
 	Amount      string            `json:"amount"`
 	Currency    string            `json:"currency"`
@@ -226,7 +227,7 @@ func storedResponse(p Payment) (int, []byte) {
 }
 
 func bodyOf(p Payment) PaymentBody {
-	b := PaymentBody{OperationID: p.OperationID.String(), InvoiceID: p.InvoiceID, AccountID: p.AccountID, Amount: p.Amount.StringFixed(2),
+	b := PaymentBody{OperationID: p.OperationID.String(), InvoiceID: p.InvoiceID, Attempt: p.Attempt, AccountID: p.AccountID, Amount: p.Amount.StringFixed(2),
 		Currency: p.Currency, Status: p.Status, ProviderRef: p.ProviderRef}
 	switch p.Status {
 	case StatusUnknown:

@@ -58,7 +58,7 @@ func RecordByOperation(ctx context.Context, q querier, op uuid.UUID) (Record, er
 
 const paymentCols = `operation_id, merchant_id, invoice_id, payment_type, account_id, amount::text, currency,
 	customer, status, coalesce(provider_ref, ''), coalesce(failure_code, ''), unknown_since, next_inquiry_at,
-	inquiry_attempts, resolved_at, coalesce(resolved_by, ''), created_at, updated_at`
+	inquiry_attempts, resolved_at, coalesce(resolved_by, ''), created_at, updated_at, attempt`
 
 func scanPayment(row pgx.Row) (Payment, error) {
 	var p Payment
@@ -66,7 +66,7 @@ func scanPayment(row pgx.Row) (Payment, error) {
 	var customer []byte
 	err := row.Scan(&p.OperationID, &p.MerchantID, &p.InvoiceID, &p.PaymentType, &p.AccountID, &amount, &p.Currency,
 		&customer, &status, &p.ProviderRef, &p.FailureCode, &p.UnknownSince, &p.NextInquiryAt,
-		&p.InquiryAttempts, &p.ResolvedAt, &p.ResolvedBy, &p.CreatedAt, &p.UpdatedAt)
+		&p.InquiryAttempts, &p.ResolvedAt, &p.ResolvedBy, &p.CreatedAt, &p.UpdatedAt, &p.Attempt)
 	if err != nil {
 		return Payment{}, notFound(err)
 	}
@@ -85,6 +85,14 @@ func scanPayment(row pgx.Row) (Payment, error) {
 // Get reads one payment.
 func Get(ctx context.Context, q querier, op uuid.UUID) (Payment, error) {
 	return scanPayment(q.QueryRow(ctx, `SELECT `+paymentCols+` FROM payment WHERE operation_id = $1`, op))
+}
+
+// LiveAttempt reads the invoice's attempt that is not failed (processing,
+// unknown or completed): the one that blocks a new attempt. ErrNotFound
+// when every attempt failed or there is none.
+func LiveAttempt(ctx context.Context, q querier, merchantID, invoiceID, paymentType string) (Payment, error) {
+	return scanPayment(q.QueryRow(ctx, `SELECT `+paymentCols+` FROM payment
+		WHERE merchant_id = $1 AND invoice_id = $2 AND payment_type = $3 AND status <> 'failed'`, merchantID, invoiceID, paymentType))
 }
 
 // getForUpdate reads one payment and locks it until tx ends.
@@ -171,10 +179,11 @@ func GetAccount(ctx context.Context, q querier, id int64) (Account, error) {
 	return a, nil
 }
 
-// CreateAccount opens an account with an opening balance, written as a
-// ledger credit so the balance can be recomputed from the ledger. An
-// existing account is left as it is (ErrAccountExists).
-func CreateAccount(ctx context.Context, b db.Beginner, id int64, currency string, opening decimal.Decimal) error {
+// CreateAccount opens an account owned by merchantID (empty: no owner yet,
+// so no payment can debit it) with an opening balance, written as a ledger
+// credit so the balance can be recomputed from the ledger. An existing
+// account is left as it is (ErrAccountExists).
+func CreateAccount(ctx context.Context, b db.Beginner, merchantID string, id int64, currency string, opening decimal.Decimal) error {
 	if !Currencies[currency] {
 		return fmt.Errorf("payments: currency %q is not supported", currency)
 	}
@@ -182,9 +191,12 @@ func CreateAccount(ctx context.Context, b db.Beginner, id int64, currency string
 		return errors.New("payments: opening balance must not be negative")
 	}
 	return db.WithTx(ctx, b, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `INSERT INTO account (account_id, currency, balance) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, id, currency)
+		tag, err := tx.Exec(ctx, `INSERT INTO account (account_id, currency, balance, merchant_id) VALUES ($1, $2, 0, nullif($3, '')) ON CONFLICT DO NOTHING`, id, currency, merchantID)
+		if db.Code(err) == db.CodeForeignKeyViolation {
+			return fmt.Errorf("payments: no merchant %q: %w", merchantID, ErrNotFound)
+		}
 		if err != nil {
-			return err
+			return fmt.Errorf("payments: create account %d: %w", id, err)
 		}
 		if tag.RowsAffected() == 0 {
 			return ErrAccountExists

@@ -23,8 +23,8 @@ import (
 // WorkloadConfig describes a demo client population.
 type WorkloadConfig struct {
 	BaseURL       string          // the payments API
-	MerchantID    string          // X-Merchant-ID (default demo-merchant)
-	Accounts      []int64         // accounts to pay from (SetupAccounts creates them)
+	APIKey        string          // the merchant's API key (SetupMerchant makes one)
+	Accounts      []int64         // the merchant's accounts to pay from (SetupMerchant creates them)
 	Rate          float64         // payments started per second (default 2)
 	ClientTimeout time.Duration   // a client's patience per request (default 3s)
 	MaxRetries    int             // retries with the same key (default 6)
@@ -55,9 +55,6 @@ type Workload struct {
 
 // NewWorkload builds a workload.
 func NewWorkload(cfg WorkloadConfig) *Workload {
-	if cfg.MerchantID == "" {
-		cfg.MerchantID = "demo-merchant"
-	}
 	if cfg.Rate <= 0 {
 		cfg.Rate = 2
 	}
@@ -82,11 +79,29 @@ func NewWorkload(cfg WorkloadConfig) *Workload {
 	return &Workload{cfg: cfg, hc: &http.Client{Timeout: cfg.ClientTimeout}}
 }
 
-// SetupAccounts creates the accounts (TRY) with an opening balance; existing
-// accounts are kept as they are.
-func SetupAccounts(ctx context.Context, pool *pgxpool.Pool, ids []int64, opening decimal.Decimal) error {
+// SetupMerchant makes a merchant ready to pay: the merchant (kept if it
+// exists), its accounts (SetupAccounts) and a new API key, returned once.
+func SetupMerchant(ctx context.Context, pool *pgxpool.Pool, merchantID, name string, accounts []int64, opening decimal.Decimal) (string, error) {
+	if err := CreateMerchant(ctx, pool, merchantID, name); err != nil && !errors.Is(err, ErrMerchantExists) {
+		return "", err
+	}
+	if err := SetupAccounts(ctx, pool, merchantID, accounts, opening); err != nil {
+		return "", err
+	}
+	key, _, err := CreateKey(ctx, pool, merchantID)
+	return key, err
+}
+
+// SetupAccounts creates the merchant's accounts (TRY) with an opening
+// balance; existing accounts keep their balance and are given to the
+// merchant when they have no owner yet.
+func SetupAccounts(ctx context.Context, pool *pgxpool.Pool, merchantID string, ids []int64, opening decimal.Decimal) error {
 	for _, id := range ids {
-		if err := CreateAccount(ctx, pool, id, "TRY", opening); err != nil && !errors.Is(err, ErrAccountExists) {
+		err := CreateAccount(ctx, pool, merchantID, id, "TRY", opening)
+		if errors.Is(err, ErrAccountExists) {
+			err = AssignAccount(ctx, pool, merchantID, id)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -165,7 +180,7 @@ func (w *Workload) onePayment(ctx context.Context) {
 	}
 	// A buggy client: the same invoice again under a brand-new key.
 	if status != 0 && status != 402 && rand.Float64() < w.cfg.NewKeyRate {
-		if s, c := w.payWithRetries(ctx, uuid.NewString(), body); s == 409 && c == CodeDuplicateInvoice {
+		if s, c := w.payWithRetries(ctx, uuid.NewString(), body); s == 422 && c == CodeDuplicateInvoice {
 			w.stats.duplicate.Add(1)
 		}
 	}
@@ -219,7 +234,7 @@ func (w *Workload) post(ctx context.Context, key string, body []byte) (status in
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("X-Merchant-ID", w.cfg.MerchantID)
+	req.Header.Set("Authorization", "Bearer "+w.cfg.APIKey)
 	resp, err := w.hc.Do(req)
 	if err != nil {
 		return 0, "", 0, false, err

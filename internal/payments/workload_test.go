@@ -2,7 +2,6 @@ package payments
 
 import (
 	"context"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -37,11 +36,11 @@ func TestWorkloadUnderFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(svc.Handler())
-	defer srv.Close()
+	srv := startAPI(t, svc)
 	ctx := context.Background()
 	accounts := []int64{1, 2, 3}
-	if err := SetupAccounts(ctx, pool, accounts, decimal.New(3000, 0)); err != nil {
+	apiKey, err := SetupMerchant(ctx, pool, "m-work", "workload", accounts, decimal.New(3000, 0))
+	if err != nil {
 		t.Fatal(err)
 	}
 	wctx, stopWorkers := context.WithCancel(ctx)
@@ -49,7 +48,7 @@ func TestWorkloadUnderFaults(t *testing.T) {
 	go func() { defer close(workersDone); _ = svc.RunWorkers(wctx) }()
 	defer func() { stopWorkers(); <-workersDone }()
 
-	w := NewWorkload(WorkloadConfig{BaseURL: srv.URL, Accounts: accounts, Rate: 40, ClientTimeout: 2 * time.Second, NewKeyRate: 0.2, Pool: pool})
+	w := NewWorkload(WorkloadConfig{BaseURL: srv.URL, APIKey: apiKey, Accounts: accounts, Rate: 40, ClientTimeout: 2 * time.Second, NewKeyRate: 0.2, Pool: pool})
 	lctx, stop := context.WithTimeout(ctx, 3*time.Second)
 	_ = w.Run(lctx)
 	stop()
