@@ -573,3 +573,38 @@ func TestSignInThroughAProviderThatNeedsTheGroupsScope(t *testing.T) {
 		t.Fatalf("without the groups scope: %d (the mode releases groups anyway?)", resp3.StatusCode)
 	}
 }
+
+// Issue 8.10: when the provider cannot be asked, the re-check keeps the
+// session but refuses the request (503) rather than trust stale roles, and
+// signing out still works.
+func TestRoleRecheckWithTheProviderDown(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	h := start(t, options{clock: clock.Now, configure: func(c *web.Config) { c.RoleRecheck = 5 * time.Minute }})
+	b := newBrowser(t)
+	_, body := h.login(t, b, "oncall", "oncall", "")
+	token := csrfField.FindStringSubmatch(body)[1]
+	if err := h.idp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(6 * time.Minute)
+	resp, page := b.get(t, h.base+"/", "text/html")
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(page, "identity provider") {
+		t.Fatalf("re-check with the provider down: %d", resp.StatusCode)
+	}
+	var n int
+	_ = h.pool.QueryRow(context.Background(), `SELECT count(*) FROM console_session`).Scan(&n)
+	if n != 1 {
+		t.Fatalf("%d sessions: an outage must not end them", n)
+	}
+	req, _ := http.NewRequest(http.MethodPost, h.base+"/logout", strings.NewReader(url.Values{"csrf_token": {token}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := b.noRedirects().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || h.countAudit(t, `action = 'auth.logout' AND outcome = 'ok'`) != 1 {
+		t.Fatalf("sign-out with the provider down: %d", resp.StatusCode)
+	}
+}

@@ -124,14 +124,16 @@ func SessionFrom(c echo.Context) *Session {
 }
 
 // load reads the session cookie (if any) and keeps the session on the
-// context for the handlers. Public routes (static files, health) skip it.
-func (g *Guard) load(c echo.Context) error {
+// context for the handlers; with recheck, roles older than the re-check
+// interval are confirmed at the provider first. Public routes (static
+// files, health) skip it.
+func (g *Guard) load(c echo.Context, recheck bool) error {
 	ck, err := c.Cookie(g.Cookies.Session)
 	if err != nil || ck.Value == "" {
 		return nil
 	}
 	sess, err := g.Sessions.Touch(c.Request().Context(), ck.Value)
-	if err == nil {
+	if err == nil && recheck {
 		var meta RequestMeta
 		if g.Meta != nil {
 			meta = g.Meta(c)
@@ -171,7 +173,9 @@ func (g *Guard) Require(a Access) echo.MiddlewareFunc {
 			if a.Public {
 				return next(c)
 			}
-			if err := g.load(c); err != nil {
+			// Signing out needs no confirmed roles: it must work while the
+			// provider is down, and it ends the session anyway.
+			if err := g.load(c, !a.SignOut); err != nil {
 				return err
 			}
 			req := c.Request()
