@@ -449,7 +449,7 @@ func ErrorPage(status int, title, message, requestID string) templ.Component {
 				return templ_7745c5c3_Err
 			}
 			if status == 404 {
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 34, "<p class=\"muted\">Check the address. If a link in the console brought you here, the page may not be available in this version yet.</p>")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 34, "<p class=\"muted\">Check the address.</p>")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}

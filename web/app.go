@@ -25,6 +25,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/views"
 )
 
 // Config is the console's configuration (see internal/config.Console).
@@ -42,6 +43,29 @@ type Config struct {
 	SessionRecheck   time.Duration // how often an open websocket re-checks its session (default 30s)
 	Tick             time.Duration // live snapshot interval (default 1s)
 	BodyLimit        string        // request body limit (default "64K")
+	// OIDCScopes (OIDC_SCOPES) are requested as given; empty: chosen from
+	// the provider's scopes_supported (auth.ChooseScopes).
+	OIDCScopes []string
+	// RoleRecheck (CONSOLE_ROLE_RECHECK) is how old a session's roles may
+	// get before the provider is asked again (default 5m).
+	RoleRecheck time.Duration
+	// The door's timeouts: request headers must arrive within
+	// ReadHeaderTimeout, a request body within ReadTimeout of the request's
+	// start (websockets have no body and keep their own deadlines), and a
+	// kept-alive connection is closed after IdleTimeout without a request.
+	ReadHeaderTimeout time.Duration // CONSOLE_READ_HEADER_TIMEOUT (default 10s)
+	ReadTimeout       time.Duration // CONSOLE_READ_TIMEOUT (default 30s)
+	IdleTimeout       time.Duration // CONSOLE_IDLE_TIMEOUT (default 2m)
+	// WSPerSession (CONSOLE_WS_PER_SESSION) caps the open websockets of one
+	// session (default 8); one more is refused with 429 before the upgrade.
+	WSPerSession int
+	// LoginRate (CONSOLE_LOGIN_RATE) is how many sign-in requests (GET
+	// /login and GET /auth/callback) one client IP may make per minute
+	// (default 60); LoginPending (CONSOLE_LOGIN_PENDING_MAX) caps the
+	// unexpired pending logins of all clients (default 10000). Over either:
+	// 429, and no row is written.
+	LoginRate    int
+	LoginPending int
 }
 
 // Deps are the parts the console is built from.
@@ -79,6 +103,13 @@ type App struct {
 	metrics  *metrics
 	ln       net.Listener
 	mln      net.Listener
+	now      func() time.Time
+	roles    *auth.RoleCheck
+	logins   *ipLimiter
+	links    views.Links // which pages exist, so only those are linked
+
+	wsMu   sync.Mutex
+	wsOpen map[string]int // open websockets per session hash
 
 	mu      sync.Mutex
 	servers []*http.Server
@@ -104,6 +135,30 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if cfg.BodyLimit == "" {
 		cfg.BodyLimit = "64K"
 	}
+	if cfg.RoleRecheck <= 0 {
+		cfg.RoleRecheck = 5 * time.Minute
+	}
+	if cfg.ReadHeaderTimeout <= 0 {
+		cfg.ReadHeaderTimeout = 10 * time.Second
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = 30 * time.Second
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 2 * time.Minute
+	}
+	if cfg.WSPerSession <= 0 {
+		cfg.WSPerSession = 8
+	}
+	if cfg.LoginRate <= 0 {
+		cfg.LoginRate = 60
+	}
+	if cfg.LoginPending <= 0 {
+		cfg.LoginPending = 10000
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
 	if deps.Logger == nil {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -120,13 +175,15 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	}
 	a := &App{
 		cfg: cfg, pool: deps.Pool, log: deps.Logger, cookies: cookies, reg: deps.Registry,
-		origin: originOf(pub), ln: deps.Listener, mln: deps.MetricsListener,
+		origin: originOf(pub), ln: deps.Listener, mln: deps.MetricsListener, now: deps.Now,
+		wsOpen: map[string]int{}, logins: newIPLimiter(cfg.LoginRate, time.Minute, deps.Now),
 	}
 	a.sessions = auth.NewSessions(deps.Pool, cfg.SessionLifetime, cfg.SessionIdle, deps.Now)
 	a.rp, err = auth.NewRP(ctx, auth.RPConfig{
 		Issuer: cfg.OIDCIssuer, ClientID: cfg.OIDCClientID, ClientSecret: cfg.OIDCClientSecret,
 		RedirectURL: a.origin + "/auth/callback", PostLogout: a.origin + "/signed-out",
 		RolesClaim: cfg.RolesClaim, RoleMap: cfg.RoleMap, HTTPClient: deps.OIDCHTTPClient, Now: deps.Now,
+		Scopes: cfg.OIDCScopes, MaxPendingLogins: cfg.LoginPending,
 	}, deps.Pool, a.sessions)
 	if err != nil {
 		return nil, err
@@ -145,19 +202,35 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if q == nil {
 		q = deps.Pool
 	}
-	a.feed = live.New(q, deps.Pool, live.Config{Interval: cfg.Tick, Render: renderLive, Logger: deps.Logger})
+	a.feed = live.New(q, deps.Pool, live.Config{Interval: cfg.Tick, Render: a.renderLive, Logger: deps.Logger})
 	if err := a.feed.Register(a.reg); err != nil {
 		return nil, err
 	}
+	a.roles = &auth.RoleCheck{RP: a.rp, Every: cfg.RoleRecheck, Now: deps.Now, Ended: func(hash string) {
+		a.feed.CloseSession(hash)
+		a.metrics.actions.WithLabelValues("auth.role_recheck", "denied").Inc()
+	}}
 	a.guard = &auth.Guard{
-		Sessions: a.sessions, Pool: deps.Pool, Cookies: cookies, Meta: requestMeta, Now: deps.Now,
+		Sessions: a.sessions, Pool: deps.Pool, Cookies: cookies, Meta: requestMeta, Now: deps.Now, Roles: a.roles,
 		Denied: func(reason string) { a.metrics.actions.WithLabelValues("request", "denied").Inc() },
 	}
 	a.e = a.newEcho()
+	a.links = views.Links{
+		Outbox: a.serves("/outbox"), OutboxEvent: a.serves("/outbox/x"), Payment: a.serves("/payments/x"),
+		Payments: a.serves("/payments"), Inbox: a.serves("/inbox"), Audit: a.serves("/audit"),
+	}
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(a.crossOriginDenied))
-	a.handler = cop.Handler(a.e)
+	a.handler = a.onlyKnownMethods(a.bodyDeadline(cop.Handler(a.e)))
 	return a, nil
+}
+
+// serves reports whether GET path reaches a page of the route table: the
+// navigation, the dashboard and the banner link only to pages that exist.
+func (a *App) serves(path string) bool {
+	c := a.e.NewContext(nil, nil)
+	a.e.Router().Find(http.MethodGet, path, c)
+	return c.Path() != "" && c.Path() != "/static/*"
 }
 
 // Handler is the console's whole HTTP handler (cross-origin protection in
@@ -191,7 +264,11 @@ func (a *App) Run(ctx context.Context) error {
 	a.mu.Unlock()
 	errc := make(chan error, 2)
 	serve := func(l net.Listener, h http.Handler) {
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		// No WriteTimeout (it would cut websockets); ReadTimeout is applied
+		// per request to bodies only (bodyDeadline), because the server's
+		// own ReadTimeout also cancels a handler's context once the body is
+		// read.
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: a.cfg.ReadHeaderTimeout, IdleTimeout: a.cfg.IdleTimeout,
 			BaseContext: func(net.Listener) context.Context { return ctx }}
 		a.mu.Lock()
 		a.servers = append(a.servers, srv)
@@ -206,7 +283,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	serve(ln, a.handler)
 	if mln != nil {
-		serve(mln, a.metricsOnly())
+		serve(mln, a.onlyKnownMethods(a.bodyDeadline(a.metricsOnly())))
 	}
 	a.wg.Add(2)
 	go func() { defer a.wg.Done(); _ = a.feed.Run(ctx) }()

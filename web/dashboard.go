@@ -24,14 +24,24 @@ func (a *App) page(c echo.Context, title, active string) views.Page {
 	if p.User == "" {
 		p.User = sess.Subject
 	}
+	// A link appears with the page that backs it (STYLE.md 18): every
+	// entry but the dashboard waits for its route to exist.
 	if sess.Can(auth.PermView) {
-		p.Nav = append(p.Nav,
-			views.NavItem{Href: "/", Label: "Dashboard", Key: "d", TestID: "nav-dashboard"},
-			views.NavItem{Href: "/outbox", Label: "Outbox", Key: "o", TestID: "nav-outbox"},
-			views.NavItem{Href: "/payments", Label: "Payments", Key: "p", TestID: "nav-payments"},
-			views.NavItem{Href: "/inbox", Label: "Inbox", Key: "i", TestID: "nav-inbox"})
+		p.Nav = append(p.Nav, views.NavItem{Href: "/", Label: "Dashboard", Key: "d", TestID: "nav-dashboard"})
+		for _, n := range []struct {
+			on   bool
+			item views.NavItem
+		}{
+			{a.links.Outbox, views.NavItem{Href: "/outbox", Label: "Outbox", Key: "o", TestID: "nav-outbox"}},
+			{a.links.Payments, views.NavItem{Href: "/payments", Label: "Payments", Key: "p", TestID: "nav-payments"}},
+			{a.links.Inbox, views.NavItem{Href: "/inbox", Label: "Inbox", Key: "i", TestID: "nav-inbox"}},
+		} {
+			if n.on {
+				p.Nav = append(p.Nav, n.item)
+			}
+		}
 	}
-	if sess.Can(auth.PermAudit) {
+	if sess.Can(auth.PermAudit) && a.links.Audit {
 		p.Nav = append(p.Nav, views.NavItem{Href: "/audit", Label: "Audit", Key: "a", TestID: "nav-audit"})
 	}
 	return p
@@ -40,6 +50,7 @@ func (a *App) page(c echo.Context, title, active string) views.Page {
 func (a *App) dashboard(c echo.Context) error {
 	s, ok := a.feed.Latest()
 	d := dashboardData(s, ok, a.feed.History())
+	d.Links = a.links
 	return render(c, http.StatusOK, views.Dashboard(a.page(c, "Dashboard", "/"), d))
 }
 

@@ -22,6 +22,9 @@ var (
 	ErrForbidden  = errors.New("forbidden")        // 403
 	ErrBadRequest = errors.New("bad request")      // 400
 	ErrInvalid    = errors.New("validation error") // 422
+
+	errTooManySignIns = echo.NewHTTPError(http.StatusTooManyRequests,
+		"Too many sign-ins were started from your address or are in progress. Wait a minute, then try again.")
 )
 
 func statusOf(err error) int {
@@ -56,6 +59,7 @@ var messages = map[int]string{
 	http.StatusConflict:              "Someone else changed this first. Reload and try again.",
 	http.StatusRequestEntityTooLarge: "The request is too large.",
 	http.StatusUnprocessableEntity:   "Some fields are not valid.",
+	http.StatusTooManyRequests:       "Too many requests. Wait a minute, then try again.",
 	http.StatusServiceUnavailable:    "The console is busy or its database is not reachable. Try again shortly.",
 	http.StatusInternalServerError:   "Something went wrong on our side.",
 }
@@ -77,13 +81,23 @@ func (a *App) handleError(err error, c echo.Context) {
 	if !ok {
 		msg = http.StatusText(status)
 	}
+	switch {
+	case errors.Is(err, errTooManySignIns):
+		msg = errTooManySignIns.Message.(string)
+	case errors.Is(err, auth.ErrProviderUnavailable):
+		msg = "The identity provider cannot be reached to confirm your roles. Try again shortly."
+	}
 	if errors.Is(err, auth.ErrReauthRequired) {
 		msg = "This action needs a recent sign-in. Sign in again, then repeat it."
 		// htmx follows this header with a full navigation.
 		c.Response().Header().Set("HX-Redirect", "/login?reauth=1")
 	}
 	if !strings.Contains(c.Request().Header.Get("Accept"), "text/html") || c.Request().Header.Get("HX-Request") != "" {
-		_ = c.String(status, http.StatusText(status)+" (request id "+rid+")\n")
+		text := http.StatusText(status)
+		if status == http.StatusTooManyRequests {
+			text += ": " + msg // scripts and curl users see why too
+		}
+		_ = c.String(status, text+" (request id "+rid+")\n")
 		return
 	}
 	var buf bytes.Buffer

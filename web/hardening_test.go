@@ -117,7 +117,7 @@ func TestWebsocketClientThatNeverReadsIsDropped(t *testing.T) {
 	eventually(t, "the fast client sees the next change", func() (bool, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		return fastFrames.Load() > before && strings.Contains(lastFrame, ">afterdrop</a>"), nil
+		return fastFrames.Load() > before && strings.Contains(lastFrame, ">afterdrop</span>"), nil
 	})
 	if feed.Dropped() != 1 || feed.Clients() != 1 {
 		t.Fatalf("after the drop: dropped %d, clients %d", feed.Dropped(), feed.Clients())

@@ -54,6 +54,11 @@ type options struct {
 	recheck time.Duration
 	metrics bool                            // serve /metrics on a separate listener (METRICS_ADDR)
 	wrap    func(net.Listener) net.Listener // wraps the console's listener (socket options)
+	clock   func() time.Time                // the console's clock (sessions, tokens, re-checks)
+	// configure adjusts the console's configuration before it starts.
+	configure func(*web.Config)
+	// groupsScopeOnly: the provider releases groups only for the groups scope.
+	groupsScopeOnly bool
 }
 
 // start runs the development provider and the real console on port 0.
@@ -80,6 +85,7 @@ func start(t *testing.T, o options) *harness {
 	idp, err := devoidc.Start(ctx, devoidc.Config{
 		Addr: "127.0.0.1:0", ClientID: "console", ClientSecret: "console-secret",
 		RedirectURIs: []string{base + "/auth/callback"}, PostLogoutURIs: []string{base + "/signed-out"},
+		GroupsScopeOnly: o.groupsScopeOnly,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -92,10 +98,14 @@ func start(t *testing.T, o options) *harness {
 		o.tick = 200 * time.Millisecond
 	}
 	counter := &countingQuerier{q: pool}
-	app, err := web.New(ctx, web.Config{
+	cfg := web.Config{
 		PublicURL: base, OIDCIssuer: idp.Issuer(), OIDCClientID: "console", OIDCClientSecret: "console-secret",
 		RolesClaim: "groups", RoleMap: rm, Tick: o.tick, SessionRecheck: o.recheck,
-	}, web.Deps{Pool: pool, Listener: ln, MetricsListener: mln, SnapshotQuerier: counter})
+	}
+	if o.configure != nil {
+		o.configure(&cfg)
+	}
+	app, err := web.New(ctx, cfg, web.Deps{Pool: pool, Listener: ln, MetricsListener: mln, SnapshotQuerier: counter, Now: o.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,4 +242,24 @@ func eventually(t *testing.T, what string, cond func() (bool, error)) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("timed out waiting for %s (last error: %v)", what, errors.Join(lastErr, fmt.Errorf("deadline 30s")))
+}
+
+// fakeClock is a clock tests move by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
 }

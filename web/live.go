@@ -17,8 +17,9 @@ func secondsDur(v float64) time.Duration { return time.Duration(v * float64(time
 // the same components as the page, as out-of-band swaps. The feed calls it
 // once per tick, whatever the number of browsers; the fragments carry no
 // PII (ids, counts, amounts and ages only).
-func renderLive(s live.Snapshot, hist []live.Snapshot) ([]live.Fragment, error) {
+func (a *App) renderLive(s live.Snapshot, hist []live.Snapshot) ([]live.Fragment, error) {
 	d := dashboardData(s, true, hist)
+	d.Links = a.links
 	parts := []struct {
 		id   string
 		comp templ.Component

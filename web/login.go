@@ -1,6 +1,7 @@
 package web
 
 import (
+	"errors"
 	"net/http"
 	"time"
 
@@ -16,7 +17,14 @@ const loginTTL = 10 * time.Minute
 // login starts the code flow: one-time state, nonce and PKCE verifier kept
 // server-side, bound to this browser by a short-lived cookie.
 func (a *App) login(c echo.Context) error {
+	if err := a.loginAllowed(c); err != nil {
+		return err
+	}
 	authURL, binding, err := a.rp.Begin(c.Request().Context(), c.QueryParam("next"), c.QueryParam("reauth") == "1")
+	if errors.Is(err, auth.ErrTooManyLogins) {
+		a.log.Warn("sign-in refused: the cap on pending logins is reached", "cap", a.cfg.LoginPending)
+		return tooManySignIns(c)
+	}
 	if err != nil {
 		return err
 	}
@@ -26,6 +34,9 @@ func (a *App) login(c echo.Context) error {
 
 // callback finishes the flow. On any failure no session cookie is set.
 func (a *App) callback(c echo.Context) error {
+	if err := a.loginAllowed(c); err != nil {
+		return err
+	}
 	cb := auth.Callback{
 		State: c.QueryParam("state"), Code: c.QueryParam("code"), Error: c.QueryParam("error"),
 		Meta: requestMeta(c),
@@ -56,6 +67,13 @@ func (a *App) callback(c echo.Context) error {
 // the provider's end_session_endpoint (when it has one).
 func (a *App) logout(c echo.Context) error {
 	sess := auth.SessionFrom(c)
+	if sess == nil {
+		// The session had already ended (expired, idle, roles gone): the
+		// sign-out still clears the stale cookie and ends the provider's
+		// session, as a normal one would.
+		c.SetCookie(a.cookies.SessionCookie(""))
+		return c.Redirect(http.StatusSeeOther, a.rp.SignOutURL(""))
+	}
 	to, err := a.rp.Logout(c.Request().Context(), sess, requestMeta(c))
 	if err != nil {
 		return err
@@ -64,6 +82,21 @@ func (a *App) logout(c echo.Context) error {
 	a.metrics.actions.WithLabelValues("auth.logout", audit.OutcomeOK).Inc()
 	c.SetCookie(a.cookies.SessionCookie(""))
 	return c.Redirect(http.StatusSeeOther, to)
+}
+
+// loginAllowed counts a sign-in request against its client IP's limit.
+// Both ends of the flow write rows (a pending login, or the audit of a
+// failed one), so both count.
+func (a *App) loginAllowed(c echo.Context) error {
+	if a.logins.allow(c.RealIP()) {
+		return nil
+	}
+	return tooManySignIns(c)
+}
+
+func tooManySignIns(c echo.Context) error {
+	c.Response().Header().Set("Retry-After", "60")
+	return errTooManySignIns
 }
 
 func (a *App) signedOut(c echo.Context) error {

@@ -60,6 +60,10 @@ func (a *App) setSecurityHeaders(h http.Header) string {
 	h.Set("Referrer-Policy", "same-origin")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Cache-Control", "no-store")
+	if a.cookies.Secure {
+		// An https console is only ever reached over https.
+		h.Set("Strict-Transport-Security", "max-age=31536000")
+	}
 	return nonce
 }
 
@@ -94,7 +98,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// middleware labels requests by route template (bounded), never by raw path.
+// middleware labels requests by route template and a method from a fixed
+// set (both bounded), never by raw path or method.
 func (m *metrics) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
@@ -112,7 +117,7 @@ func (m *metrics) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 		}
 		if c.Request().Header.Get("Upgrade") == "" {
-			m.requests.WithLabelValues(route, c.Request().Method, strconv.Itoa(status)).Observe(time.Since(start).Seconds())
+			m.requests.WithLabelValues(route, methodLabel(c.Request().Method), strconv.Itoa(status)).Observe(time.Since(start).Seconds())
 		}
 		return err
 	}

@@ -19,7 +19,7 @@ type route struct {
 
 var (
 	public  = auth.Access{Public: true}
-	session = auth.Access{} // any signed-in user
+	signOut = auth.Access{SignOut: true} // a signed-in user, or a stale cookie to clear
 	page    = func(p auth.Permission) auth.Access { return auth.Access{Perm: p, Page: true} }
 	api     = func(p auth.Permission) auth.Access { return auth.Access{Perm: p} }
 )
@@ -32,7 +32,7 @@ func (a *App) routes() []route {
 		{http.MethodGet, "/login", public, a.login},
 		{http.MethodGet, "/auth/callback", public, a.callback},
 		{http.MethodGet, "/signed-out", public, a.signedOut},
-		{http.MethodPost, "/logout", session, a.logout},
+		{http.MethodPost, "/logout", signOut, a.logout},
 		{http.MethodGet, "/", page(auth.PermView), a.dashboard},
 		{http.MethodGet, "/ws", api(auth.PermView), a.ws},
 	}

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/PuerkitoBio/goquery"
 )
@@ -23,54 +24,120 @@ func doc(t *testing.T, body string) *goquery.Document {
 func TestEachDemoUserSignsInAndSeesTheirNavigation(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{})
-	cases := []struct {
-		user, role string
-		audit      bool
-	}{
-		{"support", "viewer", false},
-		{"oncall", "operator", false},
-		{"auditor", "auditor", true},
-		{"admin", "admin", true},
-	}
-	for _, c := range cases {
+	cases := []string{"support", "oncall", "auditor", "admin"}
+	roles := map[string]string{"support": "viewer", "oncall": "operator", "auditor": "auditor", "admin": "admin"}
+	for _, user := range cases {
 		b := newBrowser(t)
-		resp, body := h.login(t, b, c.user, c.user, "")
+		resp, body := h.login(t, b, user, user, "")
 		if resp.StatusCode != 200 || resp.Request.URL.String() != h.base+"/" {
-			t.Fatalf("%s: landed on %s with %d", c.user, resp.Request.URL, resp.StatusCode)
+			t.Fatalf("%s: landed on %s with %d", user, resp.Request.URL, resp.StatusCode)
 		}
 		d := doc(t, body)
-		if got := d.Find(`[data-testid="role"]`).Text(); got != c.role {
-			t.Errorf("%s: role %q, want %q", c.user, got, c.role)
+		if got := d.Find(`[data-testid="role"]`).Text(); got != roles[user] {
+			t.Errorf("%s: role %q, want %q", user, got, roles[user])
 		}
-		if got := d.Find(`[data-testid="user"]`).Text(); got != c.user {
-			t.Errorf("%s: user %q", c.user, got)
+		if got := d.Find(`[data-testid="user"]`).Text(); got != user {
+			t.Errorf("%s: user %q", user, got)
 		}
-		if has := d.Find(`[data-testid="nav-audit"]`).Length() == 1; has != c.audit {
-			t.Errorf("%s: audit link shown=%v, want %v", c.user, has, c.audit)
+		// Only pages that exist are in the navigation: today the dashboard.
+		var nav []string
+		d.Find(`[data-testid="nav"] a`).Each(func(_ int, s *goquery.Selection) { nav = append(nav, s.AttrOr("data-testid", "")) })
+		if strings.Join(nav, ",") != "nav-dashboard" {
+			t.Errorf("%s: navigation %v, want only the dashboard", user, nav)
 		}
-		for _, id := range []string{"nav-dashboard", "nav-outbox", "nav-payments", "nav-inbox", "backlog", "unknown", "conn"} {
+		for _, id := range []string{"nav-dashboard", "backlog", "unknown", "conn"} {
 			if d.Find(`[data-testid="`+id+`"]`).Length() != 1 {
-				t.Errorf("%s: %s missing", c.user, id)
+				t.Errorf("%s: %s missing", user, id)
 			}
 		}
 		ck := b.rec.set("sluice_session")
 		if len(ck) != 1 || !ck[0].HttpOnly || ck[0].Path != "/" || ck[0].SameSite != http.SameSiteLaxMode || len(ck[0].Value) < 43 || ck[0].MaxAge != 0 || ck[0].Domain != "" {
-			t.Fatalf("%s: session cookie %+v", c.user, ck)
+			t.Fatalf("%s: session cookie %+v", user, ck)
 		}
 		// The login binding: short-lived, HttpOnly, and cleared by the callback.
 		lk := b.rec.set("sluice_login")
 		if len(lk) != 2 || !lk[0].HttpOnly || lk[0].Path != "/" || lk[0].SameSite != http.SameSiteLaxMode ||
 			lk[0].MaxAge <= 0 || lk[0].MaxAge > 600 || len(lk[0].Value) < 43 || lk[1].MaxAge >= 0 {
-			t.Fatalf("%s: login cookie %+v", c.user, lk)
+			t.Fatalf("%s: login cookie %+v", user, lk)
 		}
 		// The provider states when the user authenticated (auth_time), so a
 		// fresh login counts as recent for money-moving actions.
 		var recent bool
-		if err := h.pool.QueryRow(context.Background(), `SELECT auth_time > now() - interval '10 minutes' FROM console_session WHERE name = $1`, c.user).Scan(&recent); err != nil || !recent {
-			t.Errorf("%s: session auth_time not recent (%v)", c.user, err)
+		if err := h.pool.QueryRow(context.Background(), `SELECT auth_time > now() - interval '10 minutes' FROM console_session WHERE name = $1`, user).Scan(&recent); err != nil || !recent {
+			t.Errorf("%s: session auth_time not recent (%v)", user, err)
 		}
-		if h.countAudit(t, `action = 'auth.login' AND outcome = 'ok' AND actor_name = $1 AND actor_iss = $2`, c.user, h.idp.Issuer()) != 1 {
-			t.Errorf("%s: login not audited", c.user)
+		if h.countAudit(t, `action = 'auth.login' AND outcome = 'ok' AND actor_name = $1 AND actor_iss = $2`, user, h.idp.Issuer()) != 1 {
+			t.Errorf("%s: login not audited", user)
+		}
+	}
+}
+
+// Say only what is true: with a topic in the backlog, a dead letter and an
+// unknown payment on the dashboard (so every kind of row renders), every
+// href on the page, navigation included, and in its websocket fragments
+// leads somewhere: none answers 404, for any role.
+func TestEveryLinkOnTheDashboardLeadsSomewhere(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{tick: 100 * time.Millisecond})
+	ctx := context.Background()
+	insertEvent(t, h, "ledger")
+	if _, err := h.pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at, attempts, last_error)
+		VALUES (gen_random_uuid(), 't', 'dead-1', 1, 'orders', 'order.placed.v1', '{}', 'dead', now(), 5, 'refused');
+		INSERT INTO account (account_id, balance) VALUES (7, 1000);
+		INSERT INTO payment (operation_id, merchant_id, invoice_id, account_id, amount, currency, status, unknown_since)
+		VALUES (gen_random_uuid(), 'm1', 'inv-1', 7, 250.00, 'TRY', 'unknown', now());`); err != nil {
+		t.Fatal(err)
+	}
+	for _, user := range []string{"support", "oncall", "auditor", "admin"} {
+		b := newBrowser(t)
+		h.login(t, b, user, user, "")
+		var body string
+		eventually(t, "every kind of row on the dashboard", func() (bool, error) {
+			_, body = b.get(t, h.base+"/", "text/html")
+			d := doc(t, body)
+			return d.Find(`[data-testid="topic-row"]`).Length() > 0 && d.Find(`[data-testid="recent-dead"] li`).Length() > 0 &&
+				d.Find(`[data-testid="recent-unknown"] li`).Length() > 0, nil
+		})
+		conn, _, err := h.dial(t, b, h.base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+		_, frame, err := conn.ReadMessage()
+		conn.Close()
+		if err != nil {
+			t.Fatalf("%s: no websocket frame: %v", user, err)
+		}
+		hrefs := map[string]bool{}
+		for _, html := range []string{body, string(frame)} {
+			doc(t, html).Find("[href]").Each(func(_ int, s *goquery.Selection) { hrefs[s.AttrOr("href", "")] = true })
+		}
+		doc(t, body).Find(`[data-testid="nav"] a`).Each(func(_ int, s *goquery.Selection) {
+			if !hrefs[s.AttrOr("href", "")] {
+				t.Errorf("%s: nav link %q not collected", user, s.AttrOr("href", ""))
+			}
+		})
+		if len(hrefs) < 4 { // the stylesheet, the icon, the skip link, the brand and the dashboard at least
+			t.Fatalf("%s: only %d hrefs found: %v", user, len(hrefs), hrefs)
+		}
+		for href := range hrefs {
+			u, err := url.Parse(href)
+			if err != nil {
+				t.Errorf("%s: href %q: %v", user, href, err)
+				continue
+			}
+			target := h.base + u.Path
+			if u.Path == "" { // a fragment of this page
+				target = h.base + "/"
+			}
+			if u.RawQuery != "" {
+				target += "?" + u.RawQuery
+			}
+			resp, _ := b.get(t, target, "text/html")
+			if resp.StatusCode == http.StatusNotFound || resp.StatusCode >= 500 {
+				t.Errorf("%s: link %q answers %d", user, href, resp.StatusCode)
+			}
 		}
 	}
 }

@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -16,6 +17,10 @@ const (
 	wsReadLimit    = 4 << 10 // the dashboard sends nothing; control frames only
 	wsWriteTimeout = 10 * time.Second
 	wsPingEvery    = 30 * time.Second
+	// wsPongWait: a peer that answers no ping for this long is gone. The
+	// socket's own read deadline, set after the upgrade (the HTTP
+	// server's timeouts end at the handshake).
+	wsPongWait = wsPingEvery + wsWriteTimeout
 )
 
 // Close codes: htmx-ext-ws reconnects (with backoff) on 1006/1011/1012/1013
@@ -32,6 +37,11 @@ const (
 func (a *App) ws(c echo.Context) error {
 	sess := auth.SessionFrom(c)
 	req := c.Request()
+	if !websocket.IsWebSocketUpgrade(req) {
+		// Someone opened /ws in a tab: not a refusal, just the wrong door.
+		c.Response().Header().Set("Upgrade", "websocket")
+		return c.String(http.StatusUpgradeRequired, "This is the websocket endpoint of the live dashboard; open / instead.\n")
+	}
 	if req.Header.Get("Origin") != a.origin {
 		if err := auth.RecordDenied(req.Context(), a.pool, sess, requestMeta(c), "GET /ws", "origin"); err != nil {
 			return err
@@ -39,6 +49,14 @@ func (a *App) ws(c echo.Context) error {
 		a.metrics.actions.WithLabelValues("request", "denied").Inc()
 		return echo.NewHTTPError(http.StatusForbidden)
 	}
+	// The limit is taken before the upgrade: one more socket than allowed
+	// is refused with 429 (the open ones are kept).
+	hash := sess.HashHex()
+	if !a.reserveSocket(hash) {
+		a.log.Warn("websocket refused: too many open for this session", "limit", a.cfg.WSPerSession)
+		return c.String(http.StatusTooManyRequests, "Too many live connections for this session; close other console tabs.\n")
+	}
+	defer a.releaseSocket(hash)
 	up := websocket.Upgrader{
 		HandshakeTimeout: 10 * time.Second,
 		CheckOrigin:      func(r *http.Request) bool { return r.Header.Get("Origin") == a.origin },
@@ -49,9 +67,12 @@ func (a *App) ws(c echo.Context) error {
 	}
 	defer conn.Close()
 	conn.SetReadLimit(wsReadLimit)
-	client := a.feed.Subscribe(sess.HashHex())
+	_ = conn.SetReadDeadline(time.Now().Add(wsPongWait))
+	conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(wsPongWait)) })
+	client := a.feed.Subscribe(hash)
 	defer a.feed.Unsubscribe(client)
 
+	meta := requestMeta(c)
 	ctx, cancel := context.WithCancel(req.Context())
 	defer cancel()
 	go func() { // reads only to see control frames and the close
@@ -94,10 +115,40 @@ func (a *App) ws(c echo.Context) error {
 				closeWith(closeSessionEnded, "session ended")
 				return nil
 			}
+			// A socket may stay open with no other request: it re-checks
+			// the roles too (an ended session closes it through the feed).
+			s, err := a.roles.Check(ctx, sess, meta)
+			switch {
+			case err == nil:
+				sess = s
+			case errors.Is(err, auth.ErrSessionEnded), errors.Is(err, auth.ErrNoSession):
+				closeWith(closeSessionEnded, "session ended")
+				return nil
+			}
 		case <-ping.C:
 			if err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(wsWriteTimeout)); err != nil {
 				return nil
 			}
 		}
+	}
+}
+
+// reserveSocket counts one more open websocket for the session, unless it
+// has WSPerSession already.
+func (a *App) reserveSocket(hash string) bool {
+	a.wsMu.Lock()
+	defer a.wsMu.Unlock()
+	if a.wsOpen[hash] >= a.cfg.WSPerSession {
+		return false
+	}
+	a.wsOpen[hash]++
+	return true
+}
+
+func (a *App) releaseSocket(hash string) {
+	a.wsMu.Lock()
+	defer a.wsMu.Unlock()
+	if a.wsOpen[hash]--; a.wsOpen[hash] <= 0 {
+		delete(a.wsOpen, hash)
 	}
 }

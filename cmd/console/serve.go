@@ -13,7 +13,7 @@ import (
 
 func runServe(ctx context.Context, e env, args []string) error {
 	var c config.Console
-	f := config.NewFlags("serve", "The web console: OIDC sign-in, the live dashboard, outbox, payments, inbox and audit screens.", e.lookup, e.stderr)
+	f := config.NewFlags("serve", "The web console: OIDC sign-in and the live dashboard.", e.lookup, e.stderr)
 	config.RegisterConsole(f, &c)
 	if err := f.Parse(args); err != nil {
 		return err
@@ -36,6 +36,9 @@ func runServe(ctx context.Context, e env, args []string) error {
 		OIDCIssuer: c.OIDCIssuer, OIDCClientID: c.OIDCClientID, OIDCClientSecret: c.OIDCClientSecret,
 		RolesClaim: c.RolesClaim, RoleMap: roleMap,
 		SessionLifetime: c.SessionLifetime, SessionIdle: c.SessionIdle, Tick: c.Tick,
+		OIDCScopes: c.Scopes(), RoleRecheck: c.RoleRecheck,
+		ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout, IdleTimeout: c.IdleTimeout,
+		WSPerSession: c.WSPerSession, LoginRate: c.LoginRate, LoginPending: c.LoginPending,
 	}, web.Deps{Pool: pool, Logger: log})
 	if err != nil {
 		return err

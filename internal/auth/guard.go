@@ -88,6 +88,12 @@ type Access struct {
 	// MaxAuthAge, when set, needs a login no older than this (money-moving
 	// actions): an older session gets ErrReauthRequired and signs in again.
 	MaxAuthAge time.Duration
+	// SignOut marks the sign-out route: a request whose cookie names a
+	// session that has already ended (expired, idle, roles gone) goes
+	// through without a session, so the handler can clear the stale
+	// cookie and finish a normal sign-out. Without any cookie it is still
+	// refused (there is nothing to sign out of).
+	SignOut bool
 }
 
 // ErrReauthRequired means the action needs a more recent login.
@@ -105,6 +111,8 @@ type Guard struct {
 	Denied func(reason string)
 	// Now is the clock for MaxAuthAge (nil: time.Now).
 	Now func() time.Time
+	// Roles re-checks a session's roles at the provider (nil: never).
+	Roles *RoleCheck
 }
 
 const sessionKey = "sluice.session"
@@ -116,20 +124,42 @@ func SessionFrom(c echo.Context) *Session {
 }
 
 // load reads the session cookie (if any) and keeps the session on the
-// context for the handlers. Public routes (static files, health) skip it.
-func (g *Guard) load(c echo.Context) error {
+// context for the handlers; with recheck, roles older than the re-check
+// interval are confirmed at the provider first. Public routes (static
+// files, health) skip it.
+func (g *Guard) load(c echo.Context, recheck bool) error {
 	ck, err := c.Cookie(g.Cookies.Session)
 	if err != nil || ck.Value == "" {
 		return nil
 	}
 	sess, err := g.Sessions.Touch(c.Request().Context(), ck.Value)
+	if err == nil && recheck {
+		var meta RequestMeta
+		if g.Meta != nil {
+			meta = g.Meta(c)
+		}
+		sess, err = g.Roles.Check(c.Request().Context(), sess, meta)
+	}
 	switch {
 	case err == nil:
 		c.Set(sessionKey, sess)
+	case errors.Is(err, ErrSessionEnded):
+		// The request goes on as anonymous (refused below); the cookie
+		// names nothing any more.
+		c.SetCookie(g.Cookies.SessionCookie(""))
+	case errors.Is(err, ErrProviderUnavailable):
+		return echo.NewHTTPError(http.StatusServiceUnavailable).SetInternal(err)
 	case !errors.Is(err, ErrNoSession):
 		return err
 	}
 	return nil
+}
+
+// hasSessionCookie reports whether the request carries a session cookie
+// at all (live or not).
+func (g *Guard) hasSessionCookie(c echo.Context) bool {
+	ck, err := c.Cookie(g.Cookies.Session)
+	return err == nil && ck.Value != ""
 }
 
 func unsafeMethod(m string) bool {
@@ -143,13 +173,18 @@ func (g *Guard) Require(a Access) echo.MiddlewareFunc {
 			if a.Public {
 				return next(c)
 			}
-			if err := g.load(c); err != nil {
+			// Signing out needs no confirmed roles: it must work while the
+			// provider is down, and it ends the session anyway.
+			if err := g.load(c, !a.SignOut); err != nil {
 				return err
 			}
 			req := c.Request()
 			sess := SessionFrom(c)
 			unsafe := unsafeMethod(req.Method)
 			if sess == nil {
+				if a.SignOut && g.hasSessionCookie(c) {
+					return next(c)
+				}
 				if unsafe {
 					return g.deny(c, nil, "no_session")
 				}
@@ -159,9 +194,12 @@ func (g *Guard) Require(a Access) echo.MiddlewareFunc {
 				return echo.NewHTTPError(http.StatusUnauthorized)
 			}
 			if unsafe {
+				// The token comes from the header or the form body only,
+				// never the query string: a URL leaks through logs,
+				// history and Referer.
 				token := req.Header.Get("X-CSRF-Token")
 				if token == "" {
-					token = c.FormValue("csrf_token")
+					token = req.PostFormValue("csrf_token")
 				}
 				if !sess.CheckCSRF(token) {
 					return g.deny(c, sess, "csrf")
@@ -176,7 +214,9 @@ func (g *Guard) Require(a Access) echo.MiddlewareFunc {
 					now = g.Now
 				}
 				if now().Sub(sess.AuthTime) > a.MaxAuthAge {
-					if err := g.deny(c, sess, "reauth"); err != nil && !isForbidden(err) {
+					// deny answers 403 once the refusal is audited; any
+					// other error (the audit failed) wins over the reauth.
+					if err := g.deny(c, sess, "reauth"); !isForbidden(err) {
 						return err
 					}
 					return ErrReauthRequired

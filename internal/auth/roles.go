@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // Role is a console role. Roles come from the provider's roles claim through
@@ -134,10 +135,12 @@ func roleStrings(roles []Role) []string {
 }
 
 // SafeNext returns next when it is a same-origin relative path, else "/".
-// It refuses scheme-relative (`//evil`), backslash (`/\evil`, browsers read
+// It refuses invalid UTF-8, scheme-relative (`//evil`), backslash (`/\evil`, browsers read
 // it as `//`), scheme (`https:evil`) and control-character tricks.
 func SafeNext(next string) string {
-	if next == "" || len(next) > 2048 || next[0] != '/' {
+	if next == "" || len(next) > 2048 || next[0] != '/' || !utf8.ValidString(next) {
+		// Invalid UTF-8 (`/%ff`) is no path of ours, and PostgreSQL
+		// refuses it in a text column.
 		return "/"
 	}
 	if len(next) > 1 && (next[1] == '/' || next[1] == '\\') {

@@ -1,6 +1,9 @@
 package auth
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // SECURITY.md case 7.
 func TestSafeNext(t *testing.T) {
@@ -16,6 +19,9 @@ func TestSafeNext(t *testing.T) {
 		"":                     "/",
 		"/ok\r\nSet-Cookie: x": "/",
 		"/\tevil":              "/",
+		"/\xff":                "/", // invalid UTF-8 (next=/%ff) never reaches PostgreSQL
+		"/caf\xc3":             "/",
+		"/café":                "/café",
 		"/outbox?status=dead":  "/outbox?status=dead",
 		"/payments/abc":        "/payments/abc",
 		"/":                    "/",
@@ -80,5 +86,24 @@ func TestCookieSpec(t *testing.T) {
 	}
 	if _, err := NewCookieSpec("http://console.example"); err == nil {
 		t.Fatal("plain http off loopback accepted")
+	}
+}
+
+// OIDC_SCOPES: as given when set; otherwise openid plus the optional scopes
+// the provider lists, and never one it does not list.
+func TestChooseScopes(t *testing.T) {
+	cases := []struct {
+		configured, supported, want []string
+	}{
+		{nil, nil, []string{"openid", "profile", "email"}},
+		{nil, []string{"openid", "profile", "email"}, []string{"openid", "profile", "email"}},
+		{nil, []string{"openid", "profile", "email", "groups", "offline_access", "phone"}, []string{"openid", "profile", "email", "groups", "offline_access"}},
+		{nil, []string{"openid", "email", "offline_access"}, []string{"openid", "email", "offline_access"}}, // Entra-like: no groups scope
+		{[]string{"openid", "roles"}, []string{"openid", "profile"}, []string{"openid", "roles"}},
+	}
+	for _, c := range cases {
+		if got := ChooseScopes(c.configured, c.supported); strings.Join(got, " ") != strings.Join(c.want, " ") {
+			t.Errorf("ChooseScopes(%v, %v) = %v, want %v", c.configured, c.supported, got, c.want)
+		}
 	}
 }

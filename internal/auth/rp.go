@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/coreos/go-oidc/v3/oidc"
@@ -24,7 +25,14 @@ var (
 	ErrBadState    = errors.New("auth: missing, unknown, expired or replayed login state") // 400
 	ErrLoginFailed = errors.New("auth: the provider's answer did not verify")              // 401
 	ErrNoRole      = errors.New("auth: no console role for this identity")                 // 403
+	// ErrTooManyLogins: the cap on pending logins is reached (429, no row).
+	ErrTooManyLogins = errors.New("auth: too many sign-ins in progress")
 )
+
+// maxFutureSkew is how far in the future an ID token's iat may lie (the
+// provider's clock runs a little ahead); further is a forged or replayed
+// token from a broken clock.
+const maxFutureSkew = time.Minute
 
 // RPConfig configures the relying party.
 type RPConfig struct {
@@ -35,9 +43,17 @@ type RPConfig struct {
 	PostLogout   string // where the provider sends the browser after logout
 	RolesClaim   string // OIDC_ROLES_CLAIM, default "groups"
 	RoleMap      RoleMap
-	LoginTTL     time.Duration    // how long a started login may take (default 10m)
-	HTTPClient   *http.Client     // talks to the provider (nil: http.DefaultClient)
-	Now          func() time.Time // the verifier's and the state's clock (tests inject it)
+	// Scopes, when set (OIDC_SCOPES), are requested as given. Empty: openid,
+	// plus profile, email, groups and offline_access when the provider's
+	// discovery lists them in scopes_supported (profile and email when it
+	// lists nothing): a scope the provider does not know is never asked for.
+	Scopes   []string
+	LoginTTL time.Duration // how long a started login may take (default 10m)
+	// MaxPendingLogins caps the unexpired console_login rows (default
+	// 10000): anonymous GET /login cannot fill the table.
+	MaxPendingLogins int
+	HTTPClient       *http.Client     // talks to the provider (nil: http.DefaultClient)
+	Now              func() time.Time // the verifier's and the state's clock (tests inject it)
 }
 
 // RP is the OIDC relying party: authorization code flow with PKCE (S256),
@@ -47,6 +63,7 @@ type RP struct {
 	cfg        RPConfig
 	pool       *pgxpool.Pool
 	sessions   *Sessions
+	provider   *oidc.Provider
 	verifier   *oidc.IDTokenVerifier
 	oauth      oauth2.Config
 	endSession string
@@ -64,6 +81,9 @@ func NewRP(ctx context.Context, cfg RPConfig, pool *pgxpool.Pool, sessions *Sess
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.MaxPendingLogins <= 0 {
+		cfg.MaxPendingLogins = 10000
+	}
 	if len(cfg.RoleMap) == 0 {
 		return nil, errors.New("auth: empty role map")
 	}
@@ -80,7 +100,8 @@ func NewRP(ctx context.Context, cfg RPConfig, pool *pgxpool.Pool, sessions *Sess
 		return nil, fmt.Errorf("OIDC_ISSUER: discovery: %w", err)
 	}
 	var extra struct {
-		EndSession string `json:"end_session_endpoint"`
+		EndSession      string   `json:"end_session_endpoint"`
+		ScopesSupported []string `json:"scopes_supported"`
 	}
 	if err := provider.Claims(&extra); err != nil {
 		return nil, fmt.Errorf("OIDC_ISSUER: discovery document: %w", err)
@@ -89,6 +110,7 @@ func NewRP(ctx context.Context, cfg RPConfig, pool *pgxpool.Pool, sessions *Sess
 		cfg:        cfg,
 		pool:       pool,
 		sessions:   sessions,
+		provider:   provider,
 		endSession: extra.EndSession,
 		clientCtx:  clientCtx,
 		verifier:   provider.VerifierContext(clientCtx, &oidc.Config{ClientID: cfg.ClientID, Now: cfg.Now}),
@@ -97,11 +119,35 @@ func NewRP(ctx context.Context, cfg RPConfig, pool *pgxpool.Pool, sessions *Sess
 			ClientSecret: cfg.ClientSecret,
 			Endpoint:     provider.Endpoint(),
 			RedirectURL:  cfg.RedirectURL,
-			Scopes:       []string{oidc.ScopeOpenID, "profile"},
+			Scopes:       ChooseScopes(cfg.Scopes, extra.ScopesSupported),
 		},
 	}
 	return rp, nil
 }
+
+// ChooseScopes is the scope list of the authorization request: configured
+// as given, else openid plus the optional scopes the provider lists.
+// Dex, Keycloak and Authelia release the groups claim only for the groups
+// scope; Entra ID refuses a scope it does not know, so none is guessed.
+// offline_access brings the refresh token the role re-check presents.
+func ChooseScopes(configured, supported []string) []string {
+	if len(configured) > 0 {
+		return slices.Clone(configured)
+	}
+	if supported == nil {
+		return []string{oidc.ScopeOpenID, "profile", "email"}
+	}
+	out := []string{oidc.ScopeOpenID}
+	for _, s := range []string{"profile", "email", "groups", oidc.ScopeOfflineAccess} {
+		if slices.Contains(supported, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Scopes are the scopes this RP asks for.
+func (rp *RP) Scopes() []string { return slices.Clone(rp.oauth.Scopes) }
 
 // Begin starts a login: it stores a one-time state (hashed) with the nonce,
 // the PKCE verifier and the post-login path, bound to a fresh browser
@@ -121,12 +167,20 @@ func (rp *RP) Begin(ctx context.Context, next string, reauth bool) (authURL, bin
 		return "", "", err
 	}
 	verifier := oauth2.GenerateVerifier()
-	_, err = rp.pool.Exec(ctx, `
+	// The cap is checked in the insert itself. Concurrent logins may pass it
+	// by a few rows (each counts before the others commit): it bounds the
+	// table, it is not an exact quota.
+	now := rp.cfg.Now()
+	tag, err := rp.pool.Exec(ctx, `
 		INSERT INTO console_login (state_hash, binding_hash, nonce, pkce_verifier, next_path, created_at, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-		HashToken(state), HashToken(binding), nonce, verifier, SafeNext(next), rp.cfg.Now(), rp.cfg.Now().Add(rp.cfg.LoginTTL))
+		SELECT $1, $2, $3, $4, $5, $6, $7
+		WHERE (SELECT count(*) FROM (SELECT 1 FROM console_login WHERE expires_at > $6 LIMIT $8) pending) < $8`,
+		HashToken(state), HashToken(binding), nonce, verifier, SafeNext(next), now, now.Add(rp.cfg.LoginTTL), rp.cfg.MaxPendingLogins)
 	if err != nil {
 		return "", "", fmt.Errorf("auth: store login state: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return "", "", ErrTooManyLogins
 	}
 	opts := []oauth2.AuthCodeOption{oauth2.S256ChallengeOption(verifier), oidc.Nonce(nonce)}
 	if reauth {
@@ -161,10 +215,35 @@ type Login struct {
 }
 
 // Finish completes a login. Errors wrap ErrBadState, ErrLoginFailed or
-// ErrNoRole; in every error case no session exists afterwards.
+// ErrNoRole; in every error case no session exists afterwards, and the
+// failed attempt is audited (action auth.login, outcome denied, the reason
+// in error_code).
 func (rp *RP) Finish(ctx context.Context, cb Callback) (*Login, error) {
+	l, idt, code, err := rp.finish(ctx, cb)
+	if err == nil || code == "" {
+		return l, err
+	}
+	ev := audit.Event{
+		Action: "auth.login", TargetType: "session", Outcome: audit.OutcomeDenied, ErrorCode: code,
+		IP: cb.Meta.IP, UserAgent: cb.Meta.UserAgent, RequestID: cb.Meta.RequestID,
+	}
+	if idt != nil { // the token verified: the attempt has an identity
+		ev.ActorIss, ev.ActorSub = idt.Issuer, idt.Subject
+	}
+	// The browser may have gone: the attempt still leaves its trace.
+	actx := context.WithoutCancel(ctx)
+	if aerr := db.WithTx(actx, rp.pool, func(tx pgx.Tx) error { return audit.Record(actx, tx, ev) }); aerr != nil {
+		return nil, errors.Join(err, fmt.Errorf("auth: audit failed login: %w", aerr))
+	}
+	return nil, err
+}
+
+// finish does Finish's work. A failure comes with its audit code (empty
+// when the failure is already audited or is not a sign-in failure) and,
+// when the token verified, the token.
+func (rp *RP) finish(ctx context.Context, cb Callback) (*Login, *oidc.IDToken, string, error) {
 	if cb.State == "" || cb.Binding == "" {
-		return nil, ErrBadState
+		return nil, nil, "bad_state", ErrBadState
 	}
 	// Consume the state first: whatever happens next, it cannot be replayed.
 	var (
@@ -178,38 +257,41 @@ func (rp *RP) Finish(ctx context.Context, cb Callback) (*Login, error) {
 		RETURNING binding_hash, nonce, pkce_verifier, next_path, expires_at`,
 		HashToken(cb.State)).Scan(&bindingHash, &nonce, &verifier, &next, &expires)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, ErrBadState
+		return nil, nil, "bad_state", ErrBadState
 	}
 	if err != nil {
-		return nil, fmt.Errorf("auth: read login state: %w", err)
+		return nil, nil, "", fmt.Errorf("auth: read login state: %w", err)
 	}
-	if subtle.ConstantTimeCompare(bindingHash, HashToken(cb.Binding)) != 1 || !rp.cfg.Now().Before(expires) {
-		return nil, ErrBadState
+	if subtle.ConstantTimeCompare(bindingHash, HashToken(cb.Binding)) != 1 {
+		return nil, nil, "bad_state", ErrBadState
+	}
+	if !rp.cfg.Now().Before(expires) {
+		return nil, nil, "state_expired", ErrBadState
 	}
 	if cb.Error != "" || cb.Code == "" {
-		return nil, fmt.Errorf("%w: provider returned no code", ErrLoginFailed)
+		return nil, nil, "provider_error", fmt.Errorf("%w: provider returned no code", ErrLoginFailed)
 	}
 	ectx, cancel := context.WithTimeout(rp.clientCtx, 15*time.Second)
 	defer cancel()
 	tok, err := rp.oauth.Exchange(ectx, cb.Code, oauth2.VerifierOption(verifier))
 	if err != nil {
-		return nil, fmt.Errorf("%w: code exchange: %v", ErrLoginFailed, err)
+		return nil, nil, "code_exchange", fmt.Errorf("%w: code exchange: %v", ErrLoginFailed, err)
 	}
 	rawID, _ := tok.Extra("id_token").(string)
 	if rawID == "" {
-		return nil, fmt.Errorf("%w: no id_token", ErrLoginFailed)
+		return nil, nil, "no_id_token", fmt.Errorf("%w: no id_token", ErrLoginFailed)
 	}
-	idt, err := rp.verifier.Verify(ctx, rawID)
+	idt, code, err := rp.verify(ctx, rawID)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrLoginFailed, err)
+		return nil, nil, code, err
 	}
 	// go-oidc does not check the nonce: that is the app's job.
 	if subtle.ConstantTimeCompare([]byte(idt.Nonce), []byte(nonce)) != 1 {
-		return nil, fmt.Errorf("%w: nonce mismatch", ErrLoginFailed)
+		return nil, idt, "nonce_mismatch", fmt.Errorf("%w: nonce mismatch", ErrLoginFailed)
 	}
 	var claims map[string]any
 	if err := idt.Claims(&claims); err != nil {
-		return nil, fmt.Errorf("%w: claims: %v", ErrLoginFailed, err)
+		return nil, idt, "claims", fmt.Errorf("%w: claims: %v", ErrLoginFailed, err)
 	}
 	name, _ := claims["preferred_username"].(string)
 	if name == "" {
@@ -226,9 +308,9 @@ func (rp *RP) Finish(ctx context.Context, cb Callback) (*Login, error) {
 		ev.Outcome, ev.ErrorCode = audit.OutcomeDenied, "no_mapped_role"
 		ev.After, _ = json.Marshal(map[string]any{"groups": groups})
 		if err := db.WithTx(ctx, rp.pool, func(tx pgx.Tx) error { return audit.Record(ctx, tx, ev) }); err != nil {
-			return nil, err
+			return nil, nil, "", err
 		}
-		return nil, ErrNoRole
+		return nil, nil, "", ErrNoRole
 	}
 	// auth_time is when the user really authenticated. Without it the time
 	// is unknown and counts as long ago: iat would be wrong, since a silent
@@ -240,7 +322,8 @@ func (rp *RP) Finish(ctx context.Context, cb Callback) (*Login, error) {
 	if at, ok := claims["auth_time"].(float64); ok && at > 0 {
 		authTime = time.Unix(int64(at), 0)
 	}
-	sess := &Session{Issuer: idt.Issuer, Subject: idt.Subject, Name: name, Roles: roles, AuthTime: authTime, IDTokenHint: rawID}
+	sess := &Session{Issuer: idt.Issuer, Subject: idt.Subject, Name: name, Roles: roles, AuthTime: authTime,
+		IDTokenHint: rawID, refreshToken: tok.RefreshToken}
 	var token string
 	err = db.WithTx(ctx, rp.pool, func(tx pgx.Tx) error {
 		if cb.OldSession != "" {
@@ -256,9 +339,39 @@ func (rp *RP) Finish(ctx context.Context, cb Callback) (*Login, error) {
 		return audit.Record(ctx, tx, ev)
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, "", err
 	}
-	return &Login{Token: token, Session: sess, Next: SafeNext(next)}, nil
+	return &Login{Token: token, Session: sess, Next: SafeNext(next)}, nil, "", nil
+}
+
+// verify checks an ID token: go-oidc's verifier (signature, issuer,
+// audience, expiry on the injected clock), then what it leaves to the app:
+// with several audiences azp must name this client (and whenever azp is
+// present it must be this client), and iat may not lie in the future
+// beyond a small skew. A failure comes with its audit code.
+func (rp *RP) verify(ctx context.Context, raw string) (*oidc.IDToken, string, error) {
+	idt, err := rp.verifier.Verify(ctx, raw)
+	if err != nil {
+		code := "token_invalid"
+		var expired *oidc.TokenExpiredError
+		if errors.As(err, &expired) {
+			code = "token_expired"
+		}
+		return nil, code, fmt.Errorf("%w: %v", ErrLoginFailed, err)
+	}
+	var extra struct {
+		AZP string `json:"azp"`
+	}
+	if err := idt.Claims(&extra); err != nil {
+		return nil, "claims", fmt.Errorf("%w: claims: %v", ErrLoginFailed, err)
+	}
+	if len(idt.Audience) > 1 && extra.AZP == "" || extra.AZP != "" && extra.AZP != rp.cfg.ClientID {
+		return nil, "azp_mismatch", fmt.Errorf("%w: token for several audiences without this client as azp", ErrLoginFailed)
+	}
+	if idt.IssuedAt.After(rp.cfg.Now().Add(maxFutureSkew)) {
+		return nil, "issued_in_future", fmt.Errorf("%w: token issued in the future (%s)", ErrLoginFailed, idt.IssuedAt.UTC().Format(time.RFC3339))
+	}
+	return idt, "", nil
 }
 
 // Logout ends sess (with its audit event) and returns where to send the
@@ -277,21 +390,30 @@ func (rp *RP) Logout(ctx context.Context, sess *Session, meta RequestMeta) (stri
 	if err != nil {
 		return "", err
 	}
+	return rp.SignOutURL(sess.IDTokenHint), nil
+}
+
+// SignOutURL is where a sign-out sends the browser: the provider's
+// end_session_endpoint when it has one (with the ID token hint when the
+// session still had one), else the console's signed-out page. A sign-out
+// whose session had already ended uses it too, so the provider's session
+// ends as well.
+func (rp *RP) SignOutURL(idTokenHint string) string {
 	if rp.endSession == "" {
-		return rp.cfg.PostLogout, nil
+		return rp.cfg.PostLogout
 	}
 	u, err := url.Parse(rp.endSession)
 	if err != nil {
-		return rp.cfg.PostLogout, nil
+		return rp.cfg.PostLogout
 	}
 	q := u.Query()
 	q.Set("client_id", rp.cfg.ClientID)
-	if sess.IDTokenHint != "" {
-		q.Set("id_token_hint", sess.IDTokenHint)
+	if idTokenHint != "" {
+		q.Set("id_token_hint", idTokenHint)
 	}
 	if rp.cfg.PostLogout != "" {
 		q.Set("post_logout_redirect_uri", rp.cfg.PostLogout)
 	}
 	u.RawQuery = q.Encode()
-	return u.String(), nil
+	return u.String()
 }

@@ -106,10 +106,20 @@ func (idp *testIDP) authorize(t *testing.T, authURL string) (state, code string)
 }
 
 func claims(iss, aud, nonce string, exp time.Time, groups ...string) string {
-	b, _ := json.Marshal(map[string]any{
+	return claimsWith(iss, aud, nonce, exp, nil, groups...)
+}
+
+// claimsWith is claims with some claims replaced or added (aud may be a
+// list, azp, iat).
+func claimsWith(iss string, aud any, nonce string, exp time.Time, extra map[string]any, groups ...string) string {
+	m := map[string]any{
 		"iss": iss, "sub": "staff-1", "aud": aud, "nonce": nonce, "preferred_username": "ayse",
 		"iat": exp.Add(-time.Hour).Unix(), "auth_time": exp.Add(-time.Hour).Unix(), "exp": exp.Unix(), "groups": groups,
-	})
+	}
+	for k, v := range extra {
+		m[k] = v
+	}
+	b, _ := json.Marshal(m)
 	return string(b)
 }
 
@@ -193,28 +203,29 @@ func TestBadCallbacksCreateNoSession(t *testing.T) {
 	cases := []struct {
 		name string
 		want error
+		code string // the failed attempt's audit error_code
 		run  func(t *testing.T, f *fixture) error
 	}{
-		{"missing state", auth.ErrBadState, func(t *testing.T, f *fixture) error {
+		{"missing state", auth.ErrBadState, "bad_state", func(t *testing.T, f *fixture) error {
 			authURL, binding, _ := f.rp.Begin(context.Background(), "/", false)
 			_, code := f.idp.authorize(t, authURL)
 			_, err := f.rp.Finish(context.Background(), auth.Callback{Code: code, Binding: binding})
 			return err
 		}},
-		{"altered state", auth.ErrBadState, func(t *testing.T, f *fixture) error {
+		{"altered state", auth.ErrBadState, "bad_state", func(t *testing.T, f *fixture) error {
 			authURL, binding, _ := f.rp.Begin(context.Background(), "/", false)
 			state, code := f.idp.authorize(t, authURL)
 			_, err := f.rp.Finish(context.Background(), auth.Callback{State: state + "x", Code: code, Binding: binding})
 			return err
 		}},
-		{"state from another browser", auth.ErrBadState, func(t *testing.T, f *fixture) error {
+		{"state from another browser", auth.ErrBadState, "bad_state", func(t *testing.T, f *fixture) error {
 			authURL, _, _ := f.rp.Begin(context.Background(), "/", false)
 			_, otherBinding, _ := f.rp.Begin(context.Background(), "/", false)
 			state, code := f.idp.authorize(t, authURL)
 			_, err := f.rp.Finish(context.Background(), auth.Callback{State: state, Code: code, Binding: otherBinding})
 			return err
 		}},
-		{"replayed state", auth.ErrBadState, func(t *testing.T, f *fixture) error {
+		{"replayed state", auth.ErrBadState, "bad_state", func(t *testing.T, f *fixture) error {
 			authURL, binding, _ := f.rp.Begin(context.Background(), "/", false)
 			state, code := f.idp.authorize(t, authURL)
 			f.idp.mint = func(string) string { return "garbage" } // first use fails after consuming the state
@@ -224,7 +235,7 @@ func TestBadCallbacksCreateNoSession(t *testing.T) {
 			_, err := f.rp.Finish(context.Background(), auth.Callback{State: state, Code: code, Binding: binding})
 			return err
 		}},
-		{"replayed code", auth.ErrLoginFailed, func(t *testing.T, f *fixture) error {
+		{"replayed code", auth.ErrLoginFailed, "code_exchange", func(t *testing.T, f *fixture) error {
 			authURL, binding, _ := f.rp.Begin(context.Background(), "/", false)
 			state, code := f.idp.authorize(t, authURL)
 			if _, err := f.rp.Finish(context.Background(), auth.Callback{State: state, Code: code, Binding: binding}); err != nil {
@@ -238,28 +249,28 @@ func TestBadCallbacksCreateNoSession(t *testing.T) {
 			_, err := f.rp.Finish(context.Background(), auth.Callback{State: state2, Code: code, Binding: binding2})
 			return err
 		}},
-		{"wrong nonce", auth.ErrLoginFailed, func(t *testing.T, f *fixture) error {
+		{"wrong nonce", auth.ErrLoginFailed, "nonce_mismatch", func(t *testing.T, f *fixture) error {
 			f.idp.mint = func(string) string {
 				return oidctest.SignIDToken(idpKey, "k1", "RS256", claims(f.idp.URL, "console", "other-nonce", time.Now().Add(time.Hour), "oncall"))
 			}
 			_, err := f.login(t, "/", "")
 			return err
 		}},
-		{"other audience", auth.ErrLoginFailed, func(t *testing.T, f *fixture) error {
+		{"other audience", auth.ErrLoginFailed, "token_invalid", func(t *testing.T, f *fixture) error {
 			f.idp.mint = func(n string) string {
 				return oidctest.SignIDToken(idpKey, "k1", "RS256", claims(f.idp.URL, "someone-else", n, time.Now().Add(time.Hour), "oncall"))
 			}
 			_, err := f.login(t, "/", "")
 			return err
 		}},
-		{"other issuer", auth.ErrLoginFailed, func(t *testing.T, f *fixture) error {
+		{"other issuer", auth.ErrLoginFailed, "token_invalid", func(t *testing.T, f *fixture) error {
 			f.idp.mint = func(n string) string {
 				return oidctest.SignIDToken(idpKey, "k1", "RS256", claims("https://evil.example", "console", n, time.Now().Add(time.Hour), "oncall"))
 			}
 			_, err := f.login(t, "/", "")
 			return err
 		}},
-		{"alg none", auth.ErrLoginFailed, func(t *testing.T, f *fixture) error {
+		{"alg none", auth.ErrLoginFailed, "token_invalid", func(t *testing.T, f *fixture) error {
 			f.idp.mint = func(n string) string {
 				enc := base64.RawURLEncoding.EncodeToString
 				return enc([]byte(`{"alg":"none","typ":"JWT"}`)) + "." + enc([]byte(claims(f.idp.URL, "console", n, time.Now().Add(time.Hour), "oncall"))) + "."
@@ -267,9 +278,32 @@ func TestBadCallbacksCreateNoSession(t *testing.T) {
 			_, err := f.login(t, "/", "")
 			return err
 		}},
-		{"signed by another key", auth.ErrLoginFailed, func(t *testing.T, f *fixture) error {
+		{"signed by another key", auth.ErrLoginFailed, "token_invalid", func(t *testing.T, f *fixture) error {
 			f.idp.mint = func(n string) string {
 				return oidctest.SignIDToken(otherKey, "k1", "RS256", claims(f.idp.URL, "console", n, time.Now().Add(time.Hour), "oncall"))
+			}
+			_, err := f.login(t, "/", "")
+			return err
+		}},
+		{"several audiences and no azp", auth.ErrLoginFailed, "azp_mismatch", func(t *testing.T, f *fixture) error {
+			f.idp.mint = func(n string) string {
+				return oidctest.SignIDToken(idpKey, "k1", "RS256", claimsWith(f.idp.URL, []string{"console", "other-app"}, n, time.Now().Add(time.Hour), nil, "oncall"))
+			}
+			_, err := f.login(t, "/", "")
+			return err
+		}},
+		{"azp of another client", auth.ErrLoginFailed, "azp_mismatch", func(t *testing.T, f *fixture) error {
+			f.idp.mint = func(n string) string {
+				return oidctest.SignIDToken(idpKey, "k1", "RS256", claimsWith(f.idp.URL, []string{"console", "other-app"}, n, time.Now().Add(time.Hour),
+					map[string]any{"azp": "other-app"}, "oncall"))
+			}
+			_, err := f.login(t, "/", "")
+			return err
+		}},
+		{"issued in the future", auth.ErrLoginFailed, "issued_in_future", func(t *testing.T, f *fixture) error {
+			f.idp.mint = func(n string) string {
+				return oidctest.SignIDToken(idpKey, "k1", "RS256", claimsWith(f.idp.URL, "console", n, time.Now().Add(time.Hour),
+					map[string]any{"iat": time.Now().Add(5 * time.Minute).Unix()}, "oncall"))
 			}
 			_, err := f.login(t, "/", "")
 			return err
@@ -286,7 +320,32 @@ func TestBadCallbacksCreateNoSession(t *testing.T) {
 			if n := f.count(t, "console_session"); n != 0 {
 				t.Fatalf("%d session(s) exist after a failed login", n)
 			}
+			var n int
+			if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM audit_event
+				WHERE action = 'auth.login' AND outcome = 'denied' AND error_code = $1`, c.code).Scan(&n); err != nil || n == 0 {
+				t.Fatalf("the failed sign-in is not audited as %s (%v)", c.code, err)
+			}
 		})
+	}
+}
+
+// Tokens for several audiences are accepted when azp names this client,
+// and a provider clock a little ahead (under a minute) is tolerated.
+func TestTokenWithAZPOrSmallSkewIsAccepted(t *testing.T) {
+	t.Parallel()
+	for name, mint := range map[string]func(iss, nonce string) string{
+		"several audiences, azp ours": func(iss, n string) string {
+			return claimsWith(iss, []string{"console", "other-app"}, n, time.Now().Add(time.Hour), map[string]any{"azp": "console"}, "oncall")
+		},
+		"iat 30s ahead": func(iss, n string) string {
+			return claimsWith(iss, "console", n, time.Now().Add(time.Hour), map[string]any{"iat": time.Now().Add(30 * time.Second).Unix()}, "oncall")
+		},
+	} {
+		f := newFixture(t, nil)
+		f.idp.mint = func(n string) string { return oidctest.SignIDToken(idpKey, "k1", "RS256", mint(f.idp.URL, n)) }
+		if _, err := f.login(t, "/", ""); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }
 
@@ -307,6 +366,10 @@ func TestExpiredTokenIsRefused(t *testing.T) {
 	_, err := f.rp.Finish(context.Background(), auth.Callback{State: state, Code: code, Binding: binding})
 	if !errors.Is(err, auth.ErrLoginFailed) || f.count(t, "console_session") != 0 {
 		t.Fatalf("want ErrLoginFailed and no session, got %v", err)
+	}
+	var n int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM audit_event WHERE action = 'auth.login' AND error_code = 'token_expired'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the expired token is not audited (%d, %v)", n, err)
 	}
 }
 

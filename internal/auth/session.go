@@ -30,7 +30,11 @@ type Session struct {
 	AuthTime    time.Time
 	ExpiresAt   time.Time
 	IDTokenHint string
-	csrfSecret  []byte
+	// RolesCheckedAt is when the roles were last read from a verified token
+	// (login or the periodic re-check).
+	RolesCheckedAt time.Time
+	csrfSecret     []byte
+	refreshToken   string // what the re-check presents to the provider; never logged
 }
 
 // Can reports whether the session's roles grant p.
@@ -103,19 +107,21 @@ func (s *Sessions) create(ctx context.Context, tx pgx.Tx, sess *Session) (string
 	now := s.now()
 	sess.IDHash = HashToken(token)
 	sess.ExpiresAt = now.Add(s.lifetime)
+	sess.RolesCheckedAt = now
 	_, err = tx.Exec(ctx, `
 		INSERT INTO console_session (id_hash, issuer, subject, name, roles, auth_time, created_at,
-			last_seen_at, expires_at, csrf_secret, id_token_hint)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10)`,
+			last_seen_at, expires_at, csrf_secret, id_token_hint, refresh_token, roles_checked_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $7)`,
 		sess.IDHash, sess.Issuer, sess.Subject, sess.Name, sess.RoleNames(), sess.AuthTime, now,
-		sess.ExpiresAt, sess.csrfSecret, sess.IDTokenHint)
+		sess.ExpiresAt, sess.csrfSecret, sess.IDTokenHint, sess.refreshToken)
 	if err != nil {
 		return "", fmt.Errorf("auth: create session: %w", err)
 	}
 	return token, nil
 }
 
-const sessionColumns = `id_hash, issuer, subject, name, roles, auth_time, expires_at, csrf_secret, id_token_hint`
+const sessionColumns = `id_hash, issuer, subject, name, roles, auth_time, expires_at, csrf_secret, id_token_hint,
+	refresh_token, roles_checked_at`
 
 func scanSession(row pgx.Row) (*Session, error) {
 	var (
@@ -123,7 +129,7 @@ func scanSession(row pgx.Row) (*Session, error) {
 		roles []string
 	)
 	err := row.Scan(&sess.IDHash, &sess.Issuer, &sess.Subject, &sess.Name, &roles, &sess.AuthTime,
-		&sess.ExpiresAt, &sess.csrfSecret, &sess.IDTokenHint)
+		&sess.ExpiresAt, &sess.csrfSecret, &sess.IDTokenHint, &sess.refreshToken, &sess.RolesCheckedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNoSession
 	}

@@ -3,6 +3,7 @@ package config
 import (
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -10,17 +11,25 @@ import (
 // Console is the configuration of `console serve`.
 type Console struct {
 	Common
-	Addr             string
-	PublicURL        string
-	MetricsAddr      string
-	OIDCIssuer       string
-	OIDCClientID     string
-	OIDCClientSecret string
-	RolesClaim       string
-	RoleMap          string // group:role,... (parsed by internal/auth)
-	SessionLifetime  time.Duration
-	SessionIdle      time.Duration
-	Tick             time.Duration
+	Addr              string
+	PublicURL         string
+	MetricsAddr       string
+	OIDCIssuer        string
+	OIDCClientID      string
+	OIDCClientSecret  string
+	RolesClaim        string
+	RoleMap           string // group:role,... (parsed by internal/auth)
+	SessionLifetime   time.Duration
+	SessionIdle       time.Duration
+	Tick              time.Duration
+	OIDCScopes        string // empty: chosen from the provider's scopes_supported
+	RoleRecheck       time.Duration
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	IdleTimeout       time.Duration
+	WSPerSession      int
+	LoginRate         int
+	LoginPending      int
 }
 
 // RegisterConsole adds the console's flags.
@@ -37,6 +46,19 @@ func RegisterConsole(f *Flags, c *Console) {
 	f.Duration(&c.SessionLifetime, "session-lifetime", "CONSOLE_SESSION_LIFETIME", 12*time.Hour, "absolute session lifetime")
 	f.Duration(&c.SessionIdle, "session-idle", "CONSOLE_SESSION_IDLE", 30*time.Minute, "session idle timeout")
 	f.Duration(&c.Tick, "live-tick", "CONSOLE_LIVE_TICK", time.Second, "dashboard snapshot interval")
+	f.String(&c.OIDCScopes, "oidc-scopes", "OIDC_SCOPES", "", "scopes to request, space-separated, used as given (empty: openid, plus profile, email, groups and offline_access when the provider lists them)")
+	f.Duration(&c.RoleRecheck, "role-recheck", "CONSOLE_ROLE_RECHECK", 5*time.Minute, "how often a session's roles are re-read from the provider (refresh token); a session whose roles are gone ends")
+	f.Duration(&c.ReadHeaderTimeout, "read-header-timeout", "CONSOLE_READ_HEADER_TIMEOUT", 10*time.Second, "time a client has to send a request's headers")
+	f.Duration(&c.ReadTimeout, "read-timeout", "CONSOLE_READ_TIMEOUT", 30*time.Second, "time a client has to send a request's body")
+	f.Duration(&c.IdleTimeout, "idle-timeout", "CONSOLE_IDLE_TIMEOUT", 2*time.Minute, "a kept-alive connection without a request is closed after this")
+	f.Int(&c.WSPerSession, "ws-per-session", "CONSOLE_WS_PER_SESSION", 8, "open websockets allowed per session; one more is refused with 429")
+	f.Int(&c.LoginRate, "login-rate", "CONSOLE_LOGIN_RATE", 60, "sign-in requests (/login, /auth/callback) allowed per client IP per minute")
+	f.Int(&c.LoginPending, "login-pending-max", "CONSOLE_LOGIN_PENDING_MAX", 10000, "unexpired pending sign-ins allowed in all")
+}
+
+// Scopes splits OIDC_SCOPES (spaces or commas); nil when unset.
+func (c *Console) Scopes() []string {
+	return strings.FieldsFunc(c.OIDCScopes, func(r rune) bool { return r == ' ' || r == ',' })
 }
 
 // Validate checks the console's settings (the role map's syntax is checked
@@ -67,7 +89,34 @@ func (c *Console) Validate() error {
 	ck.PositiveDuration("CONSOLE_SESSION_LIFETIME", c.SessionLifetime)
 	ck.PositiveDuration("CONSOLE_SESSION_IDLE", c.SessionIdle)
 	ck.PositiveDuration("CONSOLE_LIVE_TICK", c.Tick)
+	if sc := c.Scopes(); len(sc) > 0 {
+		if !slices.Contains(sc, "openid") {
+			ck.Failf("OIDC_SCOPES: must include openid (got %q)", c.OIDCScopes)
+		}
+		for _, s := range sc {
+			if !validScope(s) {
+				ck.Failf("OIDC_SCOPES: %q is not a scope token", s)
+			}
+		}
+	}
+	ck.PositiveDuration("CONSOLE_ROLE_RECHECK", c.RoleRecheck)
+	ck.PositiveDuration("CONSOLE_READ_HEADER_TIMEOUT", c.ReadHeaderTimeout)
+	ck.PositiveDuration("CONSOLE_READ_TIMEOUT", c.ReadTimeout)
+	ck.PositiveDuration("CONSOLE_IDLE_TIMEOUT", c.IdleTimeout)
+	ck.Positive("CONSOLE_WS_PER_SESSION", c.WSPerSession)
+	ck.Positive("CONSOLE_LOGIN_RATE", c.LoginRate)
+	ck.Positive("CONSOLE_LOGIN_PENDING_MAX", c.LoginPending)
 	return ck.Err()
+}
+
+// validScope: RFC 6749's scope-token (printable ASCII but space, " and \).
+func validScope(s string) bool {
+	for _, r := range s {
+		if r < 0x21 || r > 0x7e || r == '"' || r == '\\' {
+			return false
+		}
+	}
+	return s != ""
 }
 
 func loopbackHost(h string) bool {

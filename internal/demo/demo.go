@@ -172,7 +172,7 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 // show rather than as a broken install.
 func (d *Demo) banner() {
 	out := d.out
-	fmt.Fprintf(out, "\nSluice console: %s  (open it in a browser)\n\nSign in on the development provider's page as (password = user name):\n", d.ConsoleURL)
+	fmt.Fprintf(out, "\nSluice console: %s  (open it in a browser: the live dashboard)\n\nSign in on the development provider's page as (password = user name):\n", d.ConsoleURL)
 	for _, u := range devoidc.DemoUsers {
 		fmt.Fprintf(out, "  %-8s %s\n", u.Username, roleOf(u.Group))
 	}
@@ -181,7 +181,7 @@ On purpose, so there is something to look at:
   · about 1 order event in %d is refused by the broker; after %d attempts it becomes a dead letter
     (each one is also logged on stderr as "outbox: event dead-lettered")
   · the simulated provider declines, is slow, is briefly down, and sometimes charges without answering:
-    those payments are "unknown"; most are settled by inquiries within minutes, some wait for an operator
+    those payments are "unknown"; most are settled by inquiries within minutes, some stay unknown
   · about %.0f%% of deliveries reach the consumer twice; its inbox absorbs the duplicates
 
 Try the payments API yourself (the provider's faults apply; repeat it: same key, same answer, Idempotent-Replayed: true):
@@ -299,17 +299,19 @@ func (d *Demo) Close() error {
 	return err
 }
 
-// roleOf describes what a demo group may do, for the start-up banner.
+// roleOf names a demo group's console role, for the start-up banner. It
+// promises no screen or action: a role's powers are listed here when the
+// console has the pages that back them (STYLE.md 18).
 func roleOf(group string) string {
 	switch group {
 	case "support":
-		return "viewer: dashboard, outbox, payments, inbox; personal data masked"
+		return "viewer"
 	case "oncall":
-		return "operator: retries, dead-letters, inquires and resolves"
+		return "operator"
 	case "audit":
-		return "auditor: reads, exports and verifies the audit trail"
+		return "auditor"
 	case "sre":
-		return "admin: everything"
+		return "admin"
 	}
 	return ""
 }

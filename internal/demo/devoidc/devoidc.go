@@ -12,6 +12,7 @@ import (
 	"html/template"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/zitadel/oidc/v3/pkg/op"
@@ -24,6 +25,10 @@ type Config struct {
 	ClientSecret   string
 	RedirectURIs   []string // the console's /auth/callback
 	PostLogoutURIs []string
+	// GroupsScopeOnly releases the groups claim only when the client asked
+	// for the groups scope, as Dex, Keycloak's default client scopes and
+	// Authelia do (tests sign in through this mode).
+	GroupsScopeOnly bool
 }
 
 // DemoUsers are the logins the demo prints (password = user name) and their
@@ -63,6 +68,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	store.groupsScopeOnly = cfg.GroupsScopeOnly
 	for _, u := range DemoUsers {
 		store.addUser(&user{id: "demo-" + u.Username, username: u.Username, password: u.Username, groups: []string{u.Group}})
 	}
@@ -77,6 +83,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		CryptoKey:                cryptoKey,
 		DefaultLogoutRedirectURI: "/signed-out",
 		CodeMethodS256:           true,
+		// Refresh tokens (with offline_access) let the console re-check a
+		// signed-in user's groups; groups is listed so the console asks
+		// for it, as it must with providers that release it only then.
+		GrantTypeRefreshToken: true,
+		SupportedScopes:       append(slices.Clone(op.DefaultSupportedScopes), scopeGroups),
 	}, store, op.StaticIssuer(issuer), op.WithAllowInsecure())
 	if err != nil {
 		ln.Close()
@@ -113,6 +124,19 @@ func (s *Server) Issuer() string { return s.issuer }
 // AddUser adds a login (tests use it for a user whose groups map to no role).
 func (s *Server) AddUser(username, password string, groups ...string) {
 	s.store.addUser(&user{id: "user-" + username, username: username, password: password, groups: groups})
+}
+
+// SetGroups replaces a user's groups (tests remove a user's group at the
+// provider and watch the console end the session). It reports whether the
+// user exists.
+func (s *Server) SetGroups(username string, groups ...string) bool {
+	s.store.mu.Lock()
+	defer s.store.mu.Unlock()
+	u, ok := s.store.users[username]
+	if ok {
+		u.groups = slices.Clone(groups)
+	}
+	return ok
 }
 
 // Close stops the provider.

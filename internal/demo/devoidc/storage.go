@@ -78,12 +78,14 @@ func (c *client) AuthMethod() oidc.AuthMethod         { return oidc.AuthMethodBa
 func (c *client) ResponseTypes() []oidc.ResponseType {
 	return []oidc.ResponseType{oidc.ResponseTypeCode}
 }
-func (c *client) GrantTypes() []oidc.GrantType         { return []oidc.GrantType{oidc.GrantTypeCode} }
+func (c *client) GrantTypes() []oidc.GrantType {
+	return []oidc.GrantType{oidc.GrantTypeCode, oidc.GrantTypeRefreshToken}
+}
 func (c *client) LoginURL(id string) string            { return "/login?authRequestID=" + id }
 func (c *client) AccessTokenType() op.AccessTokenType  { return op.AccessTokenTypeBearer }
 func (c *client) IDTokenLifetime() time.Duration       { return time.Hour }
 func (c *client) DevMode() bool                        { return true } // allows http loopback redirect URIs
-func (c *client) IsScopeAllowed(string) bool           { return false }
+func (c *client) IsScopeAllowed(s string) bool         { return s == scopeGroups }
 func (c *client) IDTokenUserinfoClaimsAssertion() bool { return true }
 func (c *client) ClockSkew() time.Duration             { return 0 }
 func (c *client) RestrictAdditionalIdTokenScopes() func([]string) []string {
@@ -98,6 +100,30 @@ type accessToken struct {
 	clientID string
 	expires  time.Time
 }
+
+// scopeGroups is the scope that releases the groups claim (always, or only
+// it with Config.GroupsScopeOnly).
+const scopeGroups = "groups"
+
+// refreshToken is a grant the console presents to re-read a user's groups.
+// Each use rotates it: the old value stops working.
+type refreshToken struct {
+	id       string
+	userID   string
+	clientID string
+	scopes   []string
+	amr      []string
+	authTime time.Time
+	expires  time.Time
+}
+
+func (r *refreshToken) GetAMR() []string                 { return r.amr }
+func (r *refreshToken) GetAudience() []string            { return []string{r.clientID} }
+func (r *refreshToken) GetAuthTime() time.Time           { return r.authTime }
+func (r *refreshToken) GetClientID() string              { return r.clientID }
+func (r *refreshToken) GetScopes() []string              { return r.scopes }
+func (r *refreshToken) GetSubject() string               { return r.userID }
+func (r *refreshToken) SetCurrentScopes(scopes []string) { r.scopes = scopes }
 
 type signingKey struct {
 	id  string
@@ -124,7 +150,10 @@ type storage struct {
 	requests map[string]*authRequest
 	codes    map[string]string // code → request id
 	tokens   map[string]*accessToken
+	refresh  map[string]*refreshToken
 	key      *signingKey
+	// groupsScopeOnly: the groups claim only for the groups scope.
+	groupsScopeOnly bool
 }
 
 func newStorage(c *client) (*storage, error) {
@@ -138,6 +167,7 @@ func newStorage(c *client) (*storage, error) {
 		requests: map[string]*authRequest{},
 		codes:    map[string]string{},
 		tokens:   map[string]*accessToken{},
+		refresh:  map[string]*refreshToken{},
 		key:      &signingKey{id: randomID(), key: k},
 	}, nil
 }
@@ -251,12 +281,42 @@ func (s *storage) CreateAccessToken(_ context.Context, r op.TokenRequest) (strin
 	return id, exp, nil
 }
 
-func (s *storage) CreateAccessAndRefreshTokens(context.Context, op.TokenRequest, string) (string, string, time.Time, error) {
-	return "", "", time.Time{}, errors.New("devoidc: refresh tokens are not supported")
+// CreateAccessAndRefreshTokens issues an access token and a refresh token:
+// at the code exchange (offline_access was asked for) and at each refresh,
+// which rotates the presented token.
+func (s *storage) CreateAccessAndRefreshTokens(_ context.Context, r op.TokenRequest, current string) (string, string, time.Time, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rt := &refreshToken{id: randomID(), userID: r.GetSubject(), scopes: slices.Clone(r.GetScopes()), expires: time.Now().Add(24 * time.Hour)}
+	switch req := r.(type) {
+	case op.AuthRequest:
+		rt.clientID, rt.amr, rt.authTime = req.GetClientID(), req.GetAMR(), req.GetAuthTime()
+	case op.RefreshTokenRequest:
+		rt.clientID, rt.amr, rt.authTime = req.GetClientID(), req.GetAMR(), req.GetAuthTime()
+	}
+	if current != "" {
+		if _, ok := s.refresh[current]; !ok {
+			return "", "", time.Time{}, op.ErrInvalidRefreshToken
+		}
+		delete(s.refresh, current)
+	}
+	s.refresh[rt.id] = rt
+	id, exp := randomID(), time.Now().Add(5*time.Minute)
+	s.tokens[id] = &accessToken{subject: r.GetSubject(), clientID: rt.clientID, expires: exp}
+	return id, rt.id, exp, nil
 }
 
-func (s *storage) TokenRequestByRefreshToken(context.Context, string) (op.RefreshTokenRequest, error) {
-	return nil, op.ErrInvalidRefreshToken
+// TokenRequestByRefreshToken finds a live refresh token of an existing user.
+func (s *storage) TokenRequestByRefreshToken(_ context.Context, token string) (op.RefreshTokenRequest, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rt, ok := s.refresh[token]
+	if !ok || time.Now().After(rt.expires) || s.userByID(rt.userID) == nil {
+		return nil, op.ErrInvalidRefreshToken
+	}
+	c := *rt
+	c.scopes = slices.Clone(rt.scopes)
+	return &c, nil
 }
 
 // TerminateSession: the provider keeps no single-sign-on session (every
@@ -267,10 +327,16 @@ func (s *storage) RevokeToken(_ context.Context, token, _, _ string) *oidc.Error
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.tokens, token)
+	delete(s.refresh, token)
 	return nil
 }
 
-func (s *storage) GetRefreshTokenInfo(context.Context, string, string) (string, string, error) {
+func (s *storage) GetRefreshTokenInfo(_ context.Context, _ string, token string) (string, string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rt, ok := s.refresh[token]; ok {
+		return rt.userID, rt.id, nil
+	}
 	return "", "", op.ErrInvalidRefreshToken
 }
 
@@ -320,11 +386,16 @@ func (s *storage) SetUserinfoFromScopes(_ context.Context, info *oidc.UserInfo, 
 	return s.setUserinfo(info, userID, scopes)
 }
 
-// SetUserinfoFromRequest puts the user's groups in the ID token: the console
-// reads its roles from them.
+// SetUserinfoFromRequest puts the user's groups (as they are now: a
+// refreshed token shows a removed group gone) in the ID token: the console
+// reads its roles from them. With groupsScopeOnly, only for the groups
+// scope.
 func (s *storage) SetUserinfoFromRequest(_ context.Context, info *oidc.UserInfo, r op.IDTokenRequest, _ []string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.groupsScopeOnly && !slices.Contains(r.GetScopes(), scopeGroups) {
+		return nil
+	}
 	if u := s.userByID(r.GetSubject()); u != nil {
 		info.AppendClaims("groups", u.groups)
 	}
