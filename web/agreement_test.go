@@ -1,0 +1,117 @@
+package web_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/PuerkitoBio/goquery"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/outbox"
+)
+
+// blockingPublisher holds every publish until released, so the event a
+// relay claimed stays in flight for as long as the test looks at it.
+type blockingPublisher struct {
+	release chan struct{}
+}
+
+func (p *blockingPublisher) Publish(ctx context.Context, _ broker.Message) error {
+	select {
+	case <-p.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Every number has one owner and one definition: the dashboard, /metrics
+// and the outbox's own ReadBacklog (what the demo's status line prints) show
+// the same backlog, in-flight and dead counts on the same database.
+func TestDashboardMetricsAndOutboxAgreeOnTheBacklog(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{tick: 50 * time.Millisecond})
+	ctx := context.Background()
+	var ids []uuid.UUID
+	err := db.WithTx(ctx, h.pool, func(tx pgx.Tx) error {
+		for i, topic := range []string{"slow", "orders", "orders", "orders", "ledger", "ledger"} {
+			id, err := outbox.Insert(ctx, tx, outbox.Event{AggregateType: "agree", AggregateID: fmt.Sprint(i), Topic: topic,
+				EventType: "agree.v1", Payload: json.RawMessage(`{}`)})
+			if err != nil {
+				return err
+			}
+			ids = append(ids, id.ID)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := outbox.DeadLetter(ctx, h.pool, ids[1:2], "agreement test"); err != nil || len(changed) != 1 {
+		t.Fatalf("dead-letter one orders event: %v %v", changed, err)
+	}
+	// One relay claims the oldest event ("slow") and holds it in flight.
+	pub := &blockingPublisher{release: make(chan struct{})}
+	r, err := outbox.NewRelay(h.pool, pub, outbox.RelayConfig{BatchSize: 1, PublishConcurrency: 1, Lease: time.Hour,
+		PublishTimeout: time.Hour, DisableListen: true}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayDone := make(chan struct{})
+	go func() { defer close(relayDone); _, _ = r.RunOnce(ctx) }()
+	t.Cleanup(func() { close(pub.release); <-relayDone })
+
+	var want outbox.Backlog
+	eventually(t, "the relay to hold one event in flight", func() (bool, error) {
+		var err error
+		want, err = outbox.ReadBacklog(ctx, h.pool)
+		return err == nil && want.InFlight == 1, err
+	})
+	if want.Pending != 5 || want.InFlight != 1 || want.Dead != 1 {
+		t.Fatalf("outbox backlog %+v, want 5 pending (1 in flight) and 1 dead", want)
+	}
+	perTopic := map[string]int64{}
+	for _, tb := range want.Topics {
+		perTopic[tb.Topic] = tb.Pending
+	}
+
+	b := newBrowser(t)
+	h.login(t, b, "support", "support", "")
+	eventually(t, "the dashboard to show the outbox's numbers", func() (bool, error) {
+		_, body := b.get(t, h.base+"/", "text/html")
+		d := doc(t, body)
+		got := map[string]string{}
+		for _, id := range []string{"backlog", "in-flight", "dead"} {
+			got[id] = strings.TrimSpace(d.Find(`[data-testid="` + id + `"]`).Text())
+		}
+		exp := map[string]string{"backlog": fmt.Sprint(want.Pending), "in-flight": fmt.Sprint(want.InFlight), "dead": fmt.Sprint(want.Dead)}
+		d.Find(`[data-testid="topic-row"]`).Each(func(_ int, s *goquery.Selection) {
+			topic := strings.TrimSpace(s.Find(`[data-testid="topic-name"]`).Text())
+			got["topic "+topic] = strings.TrimSpace(s.Find(`[data-testid="topic-pending"]`).Text())
+		})
+		for topic, n := range perTopic {
+			exp["topic "+topic] = fmt.Sprint(n)
+		}
+		return fmt.Sprint(got) == fmt.Sprint(exp), fmt.Errorf("dashboard shows %v, outbox says %v", got, exp)
+	})
+	eventually(t, "/metrics to show the outbox's numbers", func() (bool, error) {
+		_, body := b.get(t, h.base+"/metrics", "")
+		var missing []string
+		for topic, n := range perTopic {
+			if line := fmt.Sprintf("sluice_outbox_backlog{topic=%q} %d", topic, n); !strings.Contains(body, line+"\n") {
+				missing = append(missing, line)
+			}
+		}
+		if line := fmt.Sprintf("sluice_outbox_dead_letter %d", want.Dead); !strings.Contains(body, line+"\n") {
+			missing = append(missing, line)
+		}
+		return len(missing) == 0, fmt.Errorf("metrics lack %v:\n%s", missing, grepLines(body, "sluice_outbox_"))
+	})
+}
