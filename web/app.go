@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/views"
 )
@@ -191,12 +192,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if a.metrics, err = newMetrics(a.reg); err != nil {
 		return nil, err
 	}
-	if err := a.reg.Register(collectors.NewGoCollector()); err != nil {
-		// A registry shared with other parts of the process may have it already.
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return nil, err
-		}
+	// A registry shared with other parts of the process may have it already.
+	if err := db.RegisterAll(a.reg, collectors.NewGoCollector()); err != nil {
+		return nil, err
 	}
 	q := deps.SnapshotQuerier
 	if q == nil {

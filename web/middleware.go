@@ -12,6 +12,8 @@ import (
 	"github.com/a-h/templ"
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-dev/sluice/internal/db"
 )
 
 const requestIDKey = "sluice.request_id"
@@ -90,10 +92,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Console actions (logins, logouts, refusals, operator actions) by outcome.",
 		}, []string{"action", "outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.actions} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	var err error
+	if m.requests, err = db.Register(reg, m.requests); err != nil {
+		return nil, err
+	}
+	if m.actions, err = db.Register(reg, m.actions); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -199,33 +199,7 @@ func shardOf(msgID string) int16 {
 	return int16(h.Sum32() % counterShards)
 }
 
-// ConsumerStats are one consumer's totals since it first handled a message.
-type ConsumerStats struct {
-	Consumer   string
-	Processed  int64 // effects applied
-	Duplicates int64 // redeliveries absorbed
-	Stale      int64 // out-of-order messages dropped
-}
-
-// Stats lists every consumer's counts, by name. It reads a handful of
-// counter rows per consumer, never the inbox_message history.
+// Stats lists every consumer's counts, by name (see ConsumersRead).
 func (in *Inbox) Stats(ctx context.Context) ([]ConsumerStats, error) {
-	rows, err := in.pool.Query(ctx, `
-		SELECT consumer, coalesce(sum(processed), 0)::bigint, coalesce(sum(duplicates), 0)::bigint, coalesce(sum(stale), 0)::bigint
-		  FROM (SELECT consumer, processed, 0 AS duplicates, 0 AS stale FROM inbox_consumer_shard
-		        UNION ALL
-		        SELECT consumer, processed, duplicates, stale FROM inbox_consumer) c
-		 GROUP BY consumer ORDER BY consumer`)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: stats: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsumerStats, error) {
-		var s ConsumerStats
-		err := r.Scan(&s.Consumer, &s.Processed, &s.Duplicates, &s.Stale)
-		return s, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("inbox: stats: %w", err)
-	}
-	return out, nil
+	return Stats(ctx, in.pool)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/inbox"
 	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/internal/outbox"
 )
@@ -56,9 +57,19 @@ func TestSnapshotReadsTheLiveState(t *testing.T) {
 	      VALUES ('m', 'k1', 'h', gen_random_uuid(), now() - interval '1 minute'),
 	             ('m', 'k2', 'h', gen_random_uuid(), now() + interval '1 minute')`)
 
+	in := inbox.New(pool)
+	for _, msg := range []string{"m1", "m1", "m2"} { // m1 redelivered once
+		if _, err := in.Handle(ctx, "billing", msg, func(pgx.Tx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	s, err := live.ReadSnapshot(ctx, pool, prev)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(s.Consumers) != 1 || s.Consumers[0] != (inbox.ConsumerStats{Consumer: "billing", Processed: 2, Duplicates: 1}) {
+		t.Fatalf("consumers %+v, want billing with 2 applied and 1 duplicate", s.Consumers)
 	}
 	if s.Pending != 2 || s.InFlight != 1 || s.Dead != 1 || s.Published != 1 || s.Unknown != 2 || s.StuckProcessing != 1 {
 		t.Fatalf("snapshot %+v", s)

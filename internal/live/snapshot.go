@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/inbox"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/payments"
 )
@@ -40,6 +41,7 @@ type Snapshot struct {
 	Discrepancies    int64         // open payment discrepancies (provider and our records disagree)
 	RecentDead       []DeadEvent
 	RecentUnknown    []UnknownPayment
+	Consumers        []inbox.ConsumerStats // per consumer: applied, duplicates absorbed, stale dropped
 }
 
 // Querier is what the poller reads through (a pool; tests wrap it to count).
@@ -60,6 +62,7 @@ type snapshotReads struct {
 	published outbox.PublishedSinceRead
 	dead      outbox.RecentDeadRead
 	payments  payments.HealthRead
+	inbox     inbox.ConsumersRead
 }
 
 func newSnapshotReads(since time.Time) *snapshotReads {
@@ -71,7 +74,7 @@ func newSnapshotReads(since time.Time) *snapshotReads {
 }
 
 func (r *snapshotReads) all() []db.Read {
-	return []db.Read{&r.backlog, &r.published, &r.dead, &r.payments}
+	return []db.Read{&r.backlog, &r.published, &r.dead, &r.payments, &r.inbox}
 }
 
 // SnapshotQuery is the statement ReadSnapshot runs for a previous snapshot
@@ -98,7 +101,7 @@ func ReadSnapshot(ctx context.Context, q Querier, prev time.Time) (Snapshot, err
 		At: at, Backlog: b.Topics, Pending: b.Pending, InFlight: b.InFlight, OldestPendingAge: b.OldestPendingAge,
 		Dead: b.Dead, Published: r.published.Count, Unknown: h.Unknown, ReconcileAge: h.ReconcileAge,
 		StuckProcessing: h.StuckProcessing, Discrepancies: h.Discrepancies,
-		RecentDead: r.dead.Events, RecentUnknown: h.RecentUnknown,
+		RecentDead: r.dead.Events, RecentUnknown: h.RecentUnknown, Consumers: r.inbox.Consumers,
 	}
 	if elapsed := s.At.Sub(since).Seconds(); elapsed > 0 {
 		s.PublishedPerSec = float64(s.Published) / elapsed

@@ -1,0 +1,50 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sluice-dev/sluice/internal/db"
+)
+
+// ConsumerStats are one consumer's totals since it first handled a message.
+type ConsumerStats struct {
+	Consumer   string `json:"consumer"`
+	Processed  int64  `json:"processed"`  // effects applied
+	Duplicates int64  `json:"duplicates"` // redeliveries absorbed
+	Stale      int64  `json:"stale"`      // out-of-order messages dropped
+}
+
+// ConsumersRead lists every consumer's counts, by name: a db.Read part, read
+// alone (Stats) or in the console's snapshot. It sums a handful of counter
+// rows per consumer, never the inbox_message history.
+type ConsumersRead struct{ Consumers []ConsumerStats }
+
+// Expr implements db.Read.
+func (r *ConsumersRead) Expr(*db.Args) string {
+	return `SELECT coalesce(json_agg(json_build_object('consumer', consumer, 'processed', processed,
+	                                 'duplicates', duplicates, 'stale', stale) ORDER BY consumer), '[]')
+	  FROM (SELECT consumer, sum(processed) AS processed, sum(duplicates) AS duplicates, sum(stale) AS stale
+	          FROM (SELECT consumer, processed, 0 AS duplicates, 0 AS stale FROM inbox_consumer_shard
+	                UNION ALL
+	                SELECT consumer, processed, duplicates, stale FROM inbox_consumer) c
+	         GROUP BY consumer) s`
+}
+
+// Scan implements db.Read.
+func (r *ConsumersRead) Scan(src []byte) error {
+	r.Consumers = nil
+	if err := db.ScanJSON(src, &r.Consumers); err != nil {
+		return fmt.Errorf("inbox: consumer counts: %w", err)
+	}
+	return nil
+}
+
+// Stats lists every consumer's counts, by name.
+func Stats(ctx context.Context, q db.RowQuerier) ([]ConsumerStats, error) {
+	var r ConsumersRead
+	if _, err := db.ReadAll(ctx, q, &r); err != nil {
+		return nil, fmt.Errorf("inbox: stats: %w", err)
+	}
+	return r.Consumers, nil
+}
