@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 // blockingPublisher holds every publish until released, so the event a
@@ -69,7 +70,7 @@ func TestDashboardMetricsAndOutboxAgreeOnTheBacklog(t *testing.T) {
 	t.Cleanup(func() { close(pub.release); <-relayDone })
 
 	var want outbox.Backlog
-	eventually(t, "the relay to hold one event in flight", func() (bool, error) {
+	testkit.Eventually(t, "the relay to hold one event in flight", func() (bool, error) {
 		var err error
 		want, err = outbox.ReadBacklog(ctx, h.pool)
 		return err == nil && want.InFlight == 1, err
@@ -84,7 +85,7 @@ func TestDashboardMetricsAndOutboxAgreeOnTheBacklog(t *testing.T) {
 
 	b := newBrowser(t)
 	h.login(t, b, "support", "support", "")
-	eventually(t, "the dashboard to show the outbox's numbers", func() (bool, error) {
+	testkit.Eventually(t, "the dashboard to show the outbox's numbers", func() (bool, error) {
 		_, body := b.get(t, h.base+"/", "text/html")
 		d := doc(t, body)
 		got := map[string]string{}
@@ -101,7 +102,7 @@ func TestDashboardMetricsAndOutboxAgreeOnTheBacklog(t *testing.T) {
 		}
 		return fmt.Sprint(got) == fmt.Sprint(exp), fmt.Errorf("dashboard shows %v, outbox says %v", got, exp)
 	})
-	eventually(t, "/metrics to show the outbox's numbers", func() (bool, error) {
+	testkit.Eventually(t, "/metrics to show the outbox's numbers", func() (bool, error) {
 		_, body := b.get(t, h.base+"/metrics", "")
 		var missing []string
 		for topic, n := range perTopic {

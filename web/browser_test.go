@@ -11,6 +11,8 @@ import (
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 const chromiumPath = "/usr/bin/chromium"
@@ -180,13 +182,13 @@ func TestBrowserLoginLiveDashboardAndLogout(t *testing.T) {
 	if err := chromedp.Do(tab2, chromedp.Navigate(h.base+"/"), chromedp.WaitVisible(chromedp.CSS(`[data-testid="logout"]`))); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "two sockets", func() (bool, error) { return h.app.Feed().Clients() == 2, nil })
+	testkit.Eventually(t, "two sockets", func() (bool, error) { return h.app.Feed().Clients() == 2, nil })
 	if err := chromedp.Do(tab2, chromedp.Click(chromedp.CSS(`[data-testid="logout"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-testid="sign-in"]`))); err != nil {
 		t.Fatal(err)
 	}
 	waitJS(tctx, t, "first tab shows the socket closed", `document.getElementById('conn').dataset.state === 'closed'`)
-	eventually(t, "no sockets left", func() (bool, error) { return h.app.Feed().Clients() == 0, nil })
+	testkit.Eventually(t, "no sockets left", func() (bool, error) { return h.app.Feed().Clients() == 0, nil })
 	if p := console.problems(); len(p) > 0 {
 		t.Fatalf("browser reported problems: %q", p)
 	}
@@ -196,7 +198,7 @@ func TestBrowserLoginLiveDashboardAndLogout(t *testing.T) {
 	if _, err := chromedp.Run(tctx, chromedp.Evaluate[bool](`(function(){var s=document.createElement('script');s.textContent='window.__injected=true';document.body.appendChild(s);return true})()`)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a CSP violation report", func() (bool, error) { return len(console.problems()) > 0, nil })
+	testkit.Eventually(t, "a CSP violation report", func() (bool, error) { return len(console.problems()) > 0, nil })
 	if ran, err := chromedp.Run(tctx, chromedp.Evaluate[bool](`window.__injected === true`)); err != nil || ran {
 		t.Fatalf("injected inline script ran: %v %v", ran, err)
 	}

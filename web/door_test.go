@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/demo/devoidc"
+	"github.com/sluice-dev/sluice/internal/testkit"
 	"github.com/sluice-dev/sluice/web"
 )
 
@@ -51,7 +52,7 @@ func TestInventedMethodsLeaveMetricsAlone(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{})
 	b := newBrowser(t)
-	eventually(t, "the first snapshot (its gauges are series too)", func() (bool, error) {
+	testkit.Eventually(t, "the first snapshot (its gauges are series too)", func() (bool, error) {
 		_, ok := h.app.Feed().Latest()
 		return ok, nil
 	})
@@ -170,7 +171,7 @@ func TestSlowAndIdleConnectionsAreClosed(t *testing.T) {
 		// A kept-alive connection after one complete request, then nothing.
 		open("GET /healthz HTTP/1.1\r\nHost: "+addr+"\r\n\r\n", "")
 	}
-	eventually(t, "the server closes every slow or idle connection", func() (bool, error) {
+	testkit.Eventually(t, "the server closes every slow or idle connection", func() (bool, error) {
 		return closed.Load() == 4*each, fmt.Errorf("%d of %d closed", closed.Load(), 4*each)
 	})
 	// More than every timeout has passed: the websocket still delivers.
@@ -213,7 +214,7 @@ func TestLoginNextWithInvalidUTF8(t *testing.T) {
 // the role the same way.
 func TestRoleRemovedAtProviderEndsSession(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := testkit.NewClock(time.Now())
 	h := start(t, options{clock: clock.Now, recheck: time.Hour, configure: func(c *web.Config) { c.RoleRecheck = 5 * time.Minute }})
 	h.idp.AddUser("temp", "temp", "oncall")
 	b := newBrowser(t)
@@ -246,7 +247,7 @@ func TestRoleRemovedAtProviderEndsSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ws.Close()
-	eventually(t, "socket subscribed", func() (bool, error) { return h.app.Feed().Clients() == 1, nil })
+	testkit.Eventually(t, "socket subscribed", func() (bool, error) { return h.app.Feed().Clients() == 1, nil })
 
 	// The group is removed at the provider.
 	if !h.idp.SetGroups("temp") {
@@ -292,7 +293,7 @@ func TestRoleRemovedAtProviderEndsSession(t *testing.T) {
 // roles itself and closes when they are gone.
 func TestRoleRemovedClosesAnIdleDashboardSocket(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := testkit.NewClock(time.Now())
 	h := start(t, options{clock: clock.Now, recheck: 50 * time.Millisecond, configure: func(c *web.Config) { c.RoleRecheck = 5 * time.Minute }})
 	h.idp.AddUser("temp", "temp", "oncall")
 	b := newBrowser(t)
@@ -323,7 +324,7 @@ func TestRoleRemovedClosesAnIdleDashboardSocket(t *testing.T) {
 // the stale cookie is cleared and the provider's end-session follows.
 func TestSignOutAfterTheSessionExpired(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := testkit.NewClock(time.Now())
 	h := start(t, options{clock: clock.Now})
 	b := newBrowser(t)
 	_, body := h.login(t, b, "oncall", "oncall", "")
@@ -448,7 +449,7 @@ func TestWebsocketsPerSessionAreLimited(t *testing.T) {
 		t.Fatal("the refusal closed open sockets")
 	}
 	open[0].Close()
-	eventually(t, "room for a new socket after one closed", func() (bool, error) {
+	testkit.Eventually(t, "room for a new socket after one closed", func() (bool, error) {
 		c, _, err := h.dial(t, b, h.base)
 		if err != nil {
 			return false, err
@@ -579,7 +580,7 @@ func TestSignInThroughAProviderThatNeedsTheGroupsScope(t *testing.T) {
 // signing out still works.
 func TestRoleRecheckWithTheProviderDown(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := testkit.NewClock(time.Now())
 	h := start(t, options{clock: clock.Now, configure: func(c *web.Config) { c.RoleRecheck = 5 * time.Minute }})
 	b := newBrowser(t)
 	_, body := h.login(t, b, "oncall", "oncall", "")

@@ -16,6 +16,8 @@ import (
 
 	"github.com/PuerkitoBio/goquery"
 	"github.com/gorilla/websocket"
+
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 // smallSendBuffers gives every accepted connection a tiny kernel send
@@ -80,7 +82,7 @@ func TestWebsocketClientThatNeverReadsIsDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer slow.Close()
-	eventually(t, "both sockets subscribed", func() (bool, error) { return feed.Clients() == 2, nil })
+	testkit.Eventually(t, "both sockets subscribed", func() (bool, error) { return feed.Clients() == 2, nil })
 
 	const clientBuffer = 8 // live.Config.ClientBuffer's default, used by the console
 	ctx := context.Background()
@@ -102,7 +104,7 @@ func TestWebsocketClientThatNeverReadsIsDropped(t *testing.T) {
 		if q := feed.Queued(); q > 2*clientBuffer {
 			t.Fatalf("the hub holds %d messages for 2 clients: unbounded", q)
 		}
-		eventually(t, "the fast client's frame", func() (bool, error) { return fastFrames.Load() > before, nil })
+		testkit.Eventually(t, "the fast client's frame", func() (bool, error) { return fastFrames.Load() > before, nil })
 	}
 	t.Logf("slow client dropped after %d changed ticks", steps)
 	if feed.Dropped() != 1 || feed.Clients() != 1 {
@@ -114,7 +116,7 @@ func TestWebsocketClientThatNeverReadsIsDropped(t *testing.T) {
 	if err := feed.Step(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the fast client sees the next change", func() (bool, error) {
+	testkit.Eventually(t, "the fast client sees the next change", func() (bool, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		return fastFrames.Load() > before && strings.Contains(lastFrame, ">afterdrop</span>"), nil
@@ -136,11 +138,11 @@ func TestWebsocketReadLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	eventually(t, "socket subscribed", func() (bool, error) { return h.app.Feed().Clients() == 1, nil })
+	testkit.Eventually(t, "socket subscribed", func() (bool, error) { return h.app.Feed().Clients() == 1, nil })
 	// The server may close while the frame is still being written: a write
 	// error is fine, what matters is that the socket ends.
 	_ = c.WriteMessage(websocket.TextMessage, make([]byte, 64<<10))
-	eventually(t, "the oversized frame ends the socket", func() (bool, error) { return h.app.Feed().Clients() == 0, nil })
+	testkit.Eventually(t, "the oversized frame ends the socket", func() (bool, error) { return h.app.Feed().Clients() == 0, nil })
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	for {
 		if _, _, err = c.ReadMessage(); err != nil {
@@ -160,7 +162,7 @@ func TestMetricsOnSeparateListener(t *testing.T) {
 	h := start(t, options{tick: 100 * time.Millisecond, metrics: true})
 	insertEvent(t, h, "ledger")
 	b := newBrowser(t)
-	eventually(t, "backlog gauge on the metrics listener", func() (bool, error) {
+	testkit.Eventually(t, "backlog gauge on the metrics listener", func() (bool, error) {
 		resp, body := b.get(t, h.metrics+"/metrics", "")
 		return resp.StatusCode == http.StatusOK && strings.Contains(body, `sluice_outbox_backlog{topic="ledger"} 1`), nil
 	})

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 func TestMetricsComeFromTheSnapshot(t *testing.T) {
@@ -16,7 +18,7 @@ func TestMetricsComeFromTheSnapshot(t *testing.T) {
 	h.login(t, b, "support", "support", "")
 	b.get(t, h.base+"/no/such/page?x=1", "text/html")
 	var body string
-	eventually(t, "backlog gauge", func() (bool, error) {
+	testkit.Eventually(t, "backlog gauge", func() (bool, error) {
 		_, body = b.get(t, h.base+"/metrics", "")
 		return strings.Contains(body, `sluice_outbox_backlog{topic="ledger"} 1`), nil
 	})

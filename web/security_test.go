@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/PuerkitoBio/goquery"
+
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 func doc(t *testing.T, body string) *goquery.Document {
@@ -93,7 +95,7 @@ func TestEveryLinkOnTheDashboardLeadsSomewhere(t *testing.T) {
 		b := newBrowser(t)
 		h.login(t, b, user, user, "")
 		var body string
-		eventually(t, "every kind of row on the dashboard", func() (bool, error) {
+		testkit.Eventually(t, "every kind of row on the dashboard", func() (bool, error) {
 			_, body = b.get(t, h.base+"/", "text/html")
 			d := doc(t, body)
 			return d.Find(`[data-testid="topic-row"]`).Length() > 0 && d.Find(`[data-testid="recent-dead"] li`).Length() > 0 &&

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/testkit"
 	"github.com/sluice-dev/sluice/web"
 )
 
@@ -115,7 +116,7 @@ func TestLogoutClosesOpenSockets(t *testing.T) {
 		defer c.Close()
 		conns = append(conns, c)
 	}
-	eventually(t, "two sockets subscribed", func() (bool, error) { return h.app.Feed().Clients() == 2, nil })
+	testkit.Eventually(t, "two sockets subscribed", func() (bool, error) { return h.app.Feed().Clients() == 2, nil })
 	req, _ := http.NewRequest(http.MethodPost, h.base+"/logout", nil)
 	req.Header.Set("X-CSRF-Token", token)
 	resp, err := b.noRedirects().Do(req)
@@ -203,14 +204,14 @@ func TestFanOutCostsOneQueryPerTick(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, "50 sockets subscribed", func() (bool, error) { return h.app.Feed().Clients() == clients, nil })
+	testkit.Eventually(t, "50 sockets subscribed", func() (bool, error) { return h.app.Feed().Clients() == clients, nil })
 	_, ticks0 := h.app.Feed().Stats()
 	count0 := h.counter.n.Load()
 	// Keep the page changing so every tick pushes to all 50.
 	for i := 0; i < 10; i++ {
 		insertEvent(t, h, "fanout")
 		_, ticks := h.app.Feed().Stats()
-		eventually(t, "a tick", func() (bool, error) { _, t2 := h.app.Feed().Stats(); return t2 > ticks, nil })
+		testkit.Eventually(t, "a tick", func() (bool, error) { _, t2 := h.app.Feed().Stats(); return t2 > ticks, nil })
 	}
 	_, ticks1 := h.app.Feed().Stats()
 	count1 := h.counter.n.Load()
@@ -222,7 +223,7 @@ func TestFanOutCostsOneQueryPerTick(t *testing.T) {
 	if statements < ticks-1 || statements > ticks+1 {
 		t.Fatalf("%d snapshot statements for %d ticks with %d clients: want one per tick", statements, ticks, clients)
 	}
-	eventually(t, "every client got pushes", func() (bool, error) { return received.Load() == clients, nil })
+	testkit.Eventually(t, "every client got pushes", func() (bool, error) { return received.Load() == clients, nil })
 	cancel()
 	wg.Wait()
 }
