@@ -2,17 +2,26 @@ package main
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/demo"
 )
 
 func runDemo(ctx context.Context, e env, args []string) error {
-	cfg, err := config.ParseDemo(args, e.lookup, e.stderr)
-	if err != nil {
+	var c config.Demo
+	f := config.NewFlags("demo", "Run the whole system on this machine: a throwaway PostgreSQL (or a database of its own on\nDATABASE_URL), embedded NATS JetStream, the development OIDC provider, the payments service with a\nfaulty simulated provider, workloads, relays, the consumer and the console. Ctrl-C stops everything\nand removes what it created.", e.lookup, e.stderr)
+	c.Register(f)
+	if err := f.Parse(args); err != nil {
 		return err
 	}
-	d, err := demo.Start(ctx, cfg, e.stdout, newLogger(e.stderr, cfg.LogLevel))
+	if rest := f.Args(); len(rest) > 0 {
+		return &config.UsageError{Err: fmt.Errorf("unexpected arguments: %v", rest)}
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	d, err := demo.Start(ctx, c, e.stdout, newLogger(e.stderr, c.LogLevel))
 	if err != nil {
 		return err
 	}

@@ -47,13 +47,13 @@ func runMerchants(ctx context.Context, e env, args []string) error {
 	default:
 		return &config.UsageError{Err: fmt.Errorf("unknown verb %q (want add, assign, keys or revoke)", verb)}
 	}
-	var c config.Merchants
+	c := config.Merchants{Verb: verb}
 	f := config.NewFlags("merchants "+verb, merchantsUsage, e.lookup, e.stderr)
-	c.Register(f, verb)
-	pos, err := parseInterleaved(f, args[1:])
-	if err != nil {
+	c.Register(f)
+	if err := f.Parse(args[1:]); err != nil {
 		return err
 	}
+	pos := f.Args()
 	if len(pos) != 1 {
 		what := "a merchant ID"
 		if verb == "revoke" {
@@ -135,23 +135,6 @@ func assignAccounts(ctx context.Context, e env, pool *pgxpool.Pool, merchant str
 		fmt.Fprintf(e.stdout, "account %d belongs to merchant %s\n", a, merchant)
 	}
 	return nil
-}
-
-// parseInterleaved parses flags wherever they stand among the positional
-// arguments (`merchants add ID --name N` as well as `--name N ID`).
-func parseInterleaved(f *config.Flags, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := f.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := f.Args()
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
 }
 
 func parseAccounts(s string) ([]int64, error) {

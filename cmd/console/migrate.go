@@ -9,15 +9,13 @@ import (
 )
 
 func runMigrate(ctx context.Context, e env, args []string) error {
-	var c config.Common
+	var c config.Database
 	f := config.NewFlags("migrate", "Apply (`migrate up`, the default) or show (`migrate status`) the embedded schema migrations.\nMigrations are append-only and each runs in one transaction.", e.lookup, e.stderr)
-	f.String(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL ≥ 15 connection URL")
+	c.Register(f)
 	if err := f.Parse(args); err != nil {
 		return err
 	}
-	var ck config.Check
-	ck.DatabaseURL("DATABASE_URL", c.DatabaseURL)
-	if err := ck.Err(); err != nil {
+	if err := c.Validate(); err != nil {
 		return err
 	}
 	action := "up"

@@ -14,9 +14,12 @@ import (
 func runServe(ctx context.Context, e env, args []string) error {
 	var c config.Console
 	f := config.NewFlags("serve", "The web console: OIDC sign-in and the live dashboard.", e.lookup, e.stderr)
-	config.RegisterConsole(f, &c)
+	c.Register(f)
 	if err := f.Parse(args); err != nil {
 		return err
+	}
+	if rest := f.Args(); len(rest) > 0 {
+		return &config.UsageError{Err: fmt.Errorf("unexpected arguments: %v", rest)}
 	}
 	if err := c.Validate(); err != nil {
 		return err

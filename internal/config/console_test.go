@@ -19,7 +19,7 @@ func parseConsole(t *testing.T, env map[string]string) (Console, error) {
 	}
 	var c Console
 	f := NewFlags("serve", "", MapLookup(base), io.Discard)
-	RegisterConsole(f, &c)
+	c.Register(f)
 	if err := f.Parse(nil); err != nil {
 		return c, err
 	}
