@@ -16,16 +16,13 @@ var errChainBroken = errors.New("audit chain broken")
 
 func runAudit(ctx context.Context, e env, args []string) error {
 	var c config.Database
-	f := config.NewFlags("audit", "`audit verify`: walk the audit hash chain; exit 0 when intact, exit 1 naming the first broken sequence number.\nPrints the head hash of an intact chain: keep it outside the database to detect a truncated tail.", e.lookup, e.stderr)
-	c.Register(f)
-	if err := f.Parse(args); err != nil {
-		return err
+	verb := func(rest []string) error {
+		if len(rest) != 1 || rest[0] != "verify" {
+			return fmt.Errorf("want `audit verify`, got %q", rest)
+		}
+		return nil
 	}
-	rest := f.Args()
-	if len(rest) != 1 || rest[0] != "verify" {
-		return &config.UsageError{Err: fmt.Errorf("want `audit verify`, got %q", rest)}
-	}
-	if err := c.Validate(); err != nil {
+	if _, err := configure(e, "audit", "`audit verify`: walk the audit hash chain; exit 0 when intact, exit 1 naming the first broken sequence number.\nPrints the head hash of an intact chain: keep it outside the database to detect a truncated tail.", &c, args, verb); err != nil {
 		return err
 	}
 	pool, err := db.Open(ctx, c.DatabaseURL)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/demo"
@@ -10,15 +9,7 @@ import (
 
 func runDemo(ctx context.Context, e env, args []string) error {
 	var c config.Demo
-	f := config.NewFlags("demo", "Run the whole system on this machine: a throwaway PostgreSQL (or a database of its own on\nDATABASE_URL), embedded NATS JetStream, the development OIDC provider, the payments service with a\nfaulty simulated provider, workloads, relays, the consumer and the console. Ctrl-C stops everything\nand removes what it created.", e.lookup, e.stderr)
-	c.Register(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if rest := f.Args(); len(rest) > 0 {
-		return &config.UsageError{Err: fmt.Errorf("unexpected arguments: %v", rest)}
-	}
-	if err := c.Validate(); err != nil {
+	if _, err := configure(e, "demo", "Run the whole system on this machine: a throwaway PostgreSQL (or a database of its own on\nDATABASE_URL), embedded NATS JetStream, the development OIDC provider, the payments service with a\nfaulty simulated provider, workloads, relays, the consumer and the console. Ctrl-C stops everything\nand removes what it created.", &c, args, nil); err != nil {
 		return err
 	}
 	d, err := demo.Start(ctx, c, e.stdout, newLogger(e.stderr, c.LogLevel))

@@ -48,27 +48,25 @@ func runMerchants(ctx context.Context, e env, args []string) error {
 		return &config.UsageError{Err: fmt.Errorf("unknown verb %q (want add, assign, keys or revoke)", verb)}
 	}
 	c := config.Merchants{Verb: verb}
-	f := config.NewFlags("merchants "+verb, merchantsUsage, e.lookup, e.stderr)
-	c.Register(f)
-	if err := f.Parse(args[1:]); err != nil {
-		return err
-	}
-	pos := f.Args()
-	if len(pos) != 1 {
-		what := "a merchant ID"
-		if verb == "revoke" {
-			what = "a KEY_ID"
+	var accounts []int64
+	usage := func(pos []string) (err error) {
+		if len(pos) != 1 {
+			what := "a merchant ID"
+			if verb == "revoke" {
+				what = "a KEY_ID"
+			}
+			return fmt.Errorf("merchants %s wants exactly one argument, %s (got %d)", verb, what, len(pos))
 		}
-		return &config.UsageError{Err: fmt.Errorf("merchants %s wants exactly one argument, %s (got %d)", verb, what, len(pos))}
+		if accounts, err = parseAccounts(c.Accounts); err != nil {
+			return err
+		}
+		if verb == "assign" && len(accounts) == 0 {
+			return errors.New("merchants assign wants --account A[,B…]")
+		}
+		return nil
 	}
-	accounts, err := parseAccounts(c.Accounts)
+	pos, err := configure(e, "merchants "+verb, merchantsUsage, &c, args[1:], usage)
 	if err != nil {
-		return err
-	}
-	if verb == "assign" && len(accounts) == 0 {
-		return &config.UsageError{Err: errors.New("merchants assign wants --account A[,B…]")}
-	}
-	if err := c.Validate(); err != nil {
 		return err
 	}
 	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)
@@ -145,7 +143,7 @@ func parseAccounts(s string) ([]int64, error) {
 		}
 		n, err := strconv.ParseInt(a, 10, 64)
 		if err != nil || n <= 0 {
-			return nil, &config.UsageError{Err: fmt.Errorf("--account: %q is not an account id (a positive whole number)", a)}
+			return nil, fmt.Errorf("--account: %q is not an account id (a positive whole number)", a)
 		}
 		out = append(out, n)
 	}

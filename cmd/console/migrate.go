@@ -10,23 +10,21 @@ import (
 
 func runMigrate(ctx context.Context, e env, args []string) error {
 	var c config.Database
-	f := config.NewFlags("migrate", "Apply (`migrate up`, the default) or show (`migrate status`) the embedded schema migrations.\nMigrations are append-only and each runs in one transaction.", e.lookup, e.stderr)
-	c.Register(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if err := c.Validate(); err != nil {
-		return err
-	}
 	action := "up"
-	if rest := f.Args(); len(rest) > 0 {
-		action = rest[0]
-		if len(rest) > 1 {
-			return &config.UsageError{Err: fmt.Errorf("unexpected arguments after %q: %v", action, rest[1:])}
+	verb := func(rest []string) error {
+		if len(rest) > 0 {
+			action = rest[0]
+			if len(rest) > 1 {
+				return fmt.Errorf("unexpected arguments after %q: %v", action, rest[1:])
+			}
 		}
+		if action != "up" && action != "status" {
+			return fmt.Errorf("unknown action %q: use `migrate up` or `migrate status`", action)
+		}
+		return nil
 	}
-	if action != "up" && action != "status" {
-		return &config.UsageError{Err: fmt.Errorf("unknown action %q: use `migrate up` or `migrate status`", action)}
+	if _, err := configure(e, "migrate", "Apply (`migrate up`, the default) or show (`migrate status`) the embedded schema migrations.\nMigrations are append-only and each runs in one transaction.", &c, args, verb); err != nil {
+		return err
 	}
 	pool, err := db.Open(ctx, c.DatabaseURL)
 	if err != nil {

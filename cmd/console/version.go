@@ -19,15 +19,7 @@ var (
 
 func runVersion(ctx context.Context, e env, args []string) error {
 	var cfg config.Version
-	f := config.NewFlags("version", "Print the version, the commit and the schema version this binary ships\n(and, with DATABASE_URL, the schema version of the database).", e.lookup, e.stderr)
-	cfg.Register(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if rest := f.Args(); len(rest) > 0 {
-		return &config.UsageError{Err: fmt.Errorf("unexpected arguments: %v", rest)}
-	}
-	if err := cfg.Validate(); err != nil {
+	if _, err := configure(e, "version", "Print the version, the commit and the schema version this binary ships\n(and, with DATABASE_URL, the schema version of the database).", &cfg, args, nil); err != nil {
 		return err
 	}
 	c := commit
