@@ -15,19 +15,14 @@ import (
 var errChainBroken = errors.New("audit chain broken")
 
 func runAudit(ctx context.Context, e env, args []string) error {
-	var c config.Common
-	f := config.NewFlags("audit", "`audit verify`: walk the audit hash chain; exit 0 when intact, exit 1 naming the first broken sequence number.\nPrints the head hash of an intact chain: keep it outside the database to detect a truncated tail.", e.lookup, e.stderr)
-	f.String(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL ≥ 15 connection URL")
-	if err := f.Parse(args); err != nil {
-		return err
+	var c config.Database
+	verb := func(rest []string) error {
+		if len(rest) != 1 || rest[0] != "verify" {
+			return fmt.Errorf("want `audit verify`, got %q", rest)
+		}
+		return nil
 	}
-	rest := f.Args()
-	if len(rest) != 1 || rest[0] != "verify" {
-		return &config.UsageError{Err: fmt.Errorf("want `audit verify`, got %q", rest)}
-	}
-	var ck config.Check
-	ck.DatabaseURL("DATABASE_URL", c.DatabaseURL)
-	if err := ck.Err(); err != nil {
+	if _, err := configure(e, "audit", "`audit verify`: walk the audit hash chain; exit 0 when intact, exit 1 naming the first broken sequence number.\nPrints the head hash of an intact chain: keep it outside the database to detect a truncated tail.", &c, args, verb); err != nil {
 		return err
 	}
 	pool, err := db.Open(ctx, c.DatabaseURL)

@@ -20,12 +20,7 @@ import (
 
 func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 	var c config.PaymentsAPI
-	f := config.NewFlags("payments-api", "The reference payments service: POST /v1/payments (Authorization: Bearer <merchant API key>, Idempotency-Key),\nGET /v1/payments/{operation_id}, /metrics, and the recovery, reconcile and expiry workers.\nMerchants and their keys: `console merchants --help`. Answer codes: docs/payments-api.md.", e.lookup, e.stderr)
-	c.Register(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if err := c.Validate(); err != nil {
+	if _, err := configure(e, "payments-api", "The reference payments service: POST /v1/payments (Authorization: Bearer <merchant API key>, Idempotency-Key),\nGET /v1/payments/{operation_id}, /metrics, and the recovery, reconcile and expiry workers.\nMerchants and their keys: `console merchants --help`. Answer codes: docs/payments-api.md.", &c, args, nil); err != nil {
 		return err
 	}
 	kr, err := pii.ParseKeyring(c.PIIKeys, c.PIIBlindIndexKey)

@@ -13,12 +13,7 @@ import (
 
 func runServe(ctx context.Context, e env, args []string) error {
 	var c config.Console
-	f := config.NewFlags("serve", "The web console: OIDC sign-in and the live dashboard.", e.lookup, e.stderr)
-	config.RegisterConsole(f, &c)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if err := c.Validate(); err != nil {
+	if _, err := configure(e, "serve", "The web console: OIDC sign-in and the live dashboard.", &c, args, nil); err != nil {
 		return err
 	}
 	roleMap, err := auth.ParseRoleMap(c.RoleMap)

@@ -49,20 +49,20 @@ func (c RelayConfig) withDefaults() RelayConfig {
 		c.Name = "relay"
 	}
 	if c.BatchSize <= 0 {
-		c.BatchSize = 100
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.Lease <= 0 {
-		c.Lease = 30 * time.Second
+		c.Lease = DefaultLease
 	}
 	if c.PollInterval <= 0 {
-		c.PollInterval = time.Second
+		c.PollInterval = DefaultPollInterval
 	}
 	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = 10
+		c.MaxAttempts = DefaultMaxAttempts
 	}
 	c.Backoff = c.Backoff.withDefaults()
 	if c.PublishConcurrency <= 0 {
-		c.PublishConcurrency = 8
+		c.PublishConcurrency = DefaultPublishConcurrency
 	}
 	if c.PublishTimeout <= 0 || c.PublishTimeout > c.Lease/2 {
 		c.PublishTimeout = c.Lease / 3
