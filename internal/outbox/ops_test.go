@@ -315,3 +315,29 @@ func TestNotifierWakesAnIdleRelay(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// Discarded events are terminal: pruning removes them past retention, by
+// discarded_at, and leaves recent ones.
+func TestPruneRemovesOldDiscardedEvents(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	bulkInsert(t, pool, "pd", 10, 1)
+	now := time.Now()
+	_, err := pool.Exec(ctx, `
+		WITH numbered AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM outbox_event)
+		UPDATE outbox_event e SET status = 'discarded', dead_at = $1::timestamptz - interval '9 days',
+		       discarded_at = CASE WHEN n <= 6 THEN $1::timestamptz - interval '8 days' ELSE $1::timestamptz - interval '1 day' END,
+		       discard_reason = 'test'
+		  FROM numbered WHERE numbered.id = e.id`, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := outbox.Prune(ctx, pool, 7*24*time.Hour, 4, now)
+	if err != nil || n != 6 {
+		t.Fatalf("pruned %d (%v), want the 6 discarded past retention", n, err)
+	}
+	if c := statusCounts(t, pool); c[outbox.StatusDiscarded] != 4 {
+		t.Fatalf("left %v, want 4 recent discarded", c)
+	}
+}
