@@ -362,7 +362,11 @@ func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, 
 	})
 	if err != nil {
 		// Rolled back: the lease in the database is still the old one.
-		return Payment{}, lease, err
+		var rej *rejection
+		if errors.As(err, &rej) || errors.Is(err, ErrLeaseLost) || errors.Is(err, errInvoiceTaken) {
+			return Payment{}, lease, err // answers, not failures
+		}
+		return Payment{}, lease, fmt.Errorf("payments: reserve %s: %w", rec.OperationID, err)
 	}
 	s.poke() // payment.requested.v1 is committed
 	return p, newLease, nil

@@ -52,8 +52,11 @@ func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d d
 		_, rec, err := transition(ctx, tx, op, from, to, d, s.nowArg(), s.cfg.Topic)
 		return rec, err
 	})
-	if err != nil {
+	if errors.Is(err, ErrLeaseLost) || errors.Is(err, errStateChanged) {
 		return Record{}, err
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("payments: settle %s as %s: %w", op, to, err)
 	}
 	s.poke()
 	s.m.payments.WithLabelValues(string(to)).Inc()
@@ -129,7 +132,7 @@ func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d
 	}))
 	if errors.Is(err, ErrNotFound) {
 		if _, gerr := Get(ctx, tx, op); gerr != nil {
-			return Payment{}, Record{}, gerr
+			return Payment{}, Record{}, fmt.Errorf("payments: move %s to %s: %w", op, to, gerr)
 		}
 		if from == StatusUnknown {
 			return Payment{}, Record{}, ErrNotUnknown

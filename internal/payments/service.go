@@ -139,7 +139,7 @@ func (s *Service) Authenticate(ctx context.Context, apiKey string) (string, erro
 func (s *Service) PaymentOf(ctx context.Context, merchantID string, op uuid.UUID) (PaymentBody, error) {
 	p, err := Get(ctx, s.pool, op)
 	if err != nil {
-		return PaymentBody{}, err
+		return PaymentBody{}, fmt.Errorf("payments: payment %s: %w", op, err)
 	}
 	if p.MerchantID != merchantID {
 		return PaymentBody{}, ErrNotFound

@@ -254,11 +254,11 @@ func (a *api) handleCreate(c echo.Context) error {
 		if errors.As(err, &re) {
 			return writeError(c, re.Status, re.Code, re.Message)
 		}
-		return err
+		return fmt.Errorf("paymentsapi: parse request: %w", err)
 	}
 	resp, err := a.svc.Create(r.Context(), merchant, key, req)
 	if err != nil {
-		return err
+		return fmt.Errorf("paymentsapi: create: %w", err)
 	}
 	if resp.Replayed {
 		c.Response().Header().Set("Idempotent-Replayed", "true")
@@ -282,7 +282,7 @@ func (a *api) handleGet(c echo.Context) error {
 		return writeError(c, 404, payments.CodeNotFound, "no such payment")
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("paymentsapi: read payment %s: %w", op, err)
 	}
 	out, err := json.Marshal(b)
 	if err != nil {
