@@ -7,26 +7,13 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/payments/provider"
 )
 
-// Defaults of the payments subcommands, in one place within this package.
-// internal/payments and its provider package apply the same values to zero
-// fields (payments.Config.withDefaults, provider.NewClient,
-// provider.NewSimulator); when they export them, these constants become
-// theirs.
-const (
-	defaultPaymentsPoolSize          = 32
-	defaultProviderTimeout           = 5 * time.Second
-	defaultPaymentsLease             = 30 * time.Second
-	defaultPaymentsRetryWindow       = 72 * time.Hour
-	defaultPaymentsRecoveryInterval  = 5 * time.Second
-	defaultPaymentsReconcileInterval = 5 * time.Second
-	defaultPaymentsInquiryBackoff    = 5 * time.Second
-	defaultPaymentsInquiryBackoffMax = 10 * time.Minute
-	defaultPaymentsExpiryInterval    = time.Minute
-	defaultSimSlowDelay              = 1500 * time.Millisecond
-	defaultSimHangFor                = 30 * time.Second
-)
+// defaultPaymentsPoolSize sizes the payments service's database pool: well
+// above pgx's default (4 on a 2-core machine), so 32 concurrent clients are
+// not queued behind four connections.
+const defaultPaymentsPoolSize = 32
 
 // PaymentsAPI configures `console payments-api`: the reference payments
 // service and its recovery, reconcile and expiry workers.
@@ -58,17 +45,17 @@ func (c *PaymentsAPI) Register(f *Flags) {
 	f.String(&c.MetricsAddr, "metrics-addr", "METRICS_ADDR", "", "serve /metrics on this host:port instead of on PAYMENTS_API_ADDR")
 	f.Int(&c.PoolSize, "db-pool-size", "PAYMENTS_DB_POOL_SIZE", defaultPaymentsPoolSize, "most database connections the service opens (each request in flight holds one for a few short statements)")
 	f.String(&c.ProviderURL, "provider-url", "PROVIDER_URL", "http://"+DefaultProviderSimAddr, "base URL of the payment provider (e.g. `console provider-sim`)")
-	f.Duration(&c.ProviderTimeout, "provider-timeout", "PROVIDER_TIMEOUT", defaultProviderTimeout, "give up on one provider call after this long (the outcome becomes unknown)")
+	f.Duration(&c.ProviderTimeout, "provider-timeout", "PROVIDER_TIMEOUT", provider.DefaultTimeout, "give up on one provider call after this long (the outcome becomes unknown)")
 	f.String(&c.PIIKeys, "pii-keys", "PII_KEYS", "", "keyring id:base64key,...; the first encrypts, all decrypt")
 	f.String(&c.PIIBlindIndexKey, "pii-blind-index-key", "PII_BLIND_INDEX_KEY", "", "base64 HMAC key (≥ 32 bytes) for blind indexes")
 	f.String(&c.Topic, "topic", "PAYMENTS_TOPIC", payments.DefaultTopic, "outbox topic of payment.* events")
-	f.Duration(&c.Lease, "lease", "PAYMENTS_LEASE", defaultPaymentsLease, "processing lease of a key; recovery takes over after it (must exceed PROVIDER_TIMEOUT)")
-	f.Duration(&c.RetryWindow, "retry-window", "PAYMENTS_RETRY_WINDOW", defaultPaymentsRetryWindow, "how long an Idempotency-Key is remembered")
-	f.Duration(&c.RecoveryInterval, "recovery-interval", "PAYMENTS_RECOVERY_INTERVAL", defaultPaymentsRecoveryInterval, "how often expired leases are looked for")
-	f.Duration(&c.ReconcileInterval, "reconcile-interval", "PAYMENTS_RECONCILE_INTERVAL", defaultPaymentsReconcileInterval, "how often unknown payments due for an inquiry are inquired")
-	f.Duration(&c.InquiryBackoff, "inquiry-backoff", "PAYMENTS_INQUIRY_BACKOFF", defaultPaymentsInquiryBackoff, "first wait between inquiries of one unknown payment (doubles each time)")
-	f.Duration(&c.InquiryBackoffMax, "inquiry-backoff-max", "PAYMENTS_INQUIRY_BACKOFF_MAX", defaultPaymentsInquiryBackoffMax, "longest wait between inquiries")
-	f.Duration(&c.ExpiryInterval, "expiry-interval", "PAYMENTS_EXPIRY_INTERVAL", defaultPaymentsExpiryInterval, "how often expired keys are pruned")
+	f.Duration(&c.Lease, "lease", "PAYMENTS_LEASE", payments.DefaultLease, "processing lease of a key; recovery takes over after it (must exceed PROVIDER_TIMEOUT)")
+	f.Duration(&c.RetryWindow, "retry-window", "PAYMENTS_RETRY_WINDOW", payments.DefaultRetryWindow, "how long an Idempotency-Key is remembered")
+	f.Duration(&c.RecoveryInterval, "recovery-interval", "PAYMENTS_RECOVERY_INTERVAL", payments.DefaultRecoveryInterval, "how often expired leases are looked for")
+	f.Duration(&c.ReconcileInterval, "reconcile-interval", "PAYMENTS_RECONCILE_INTERVAL", payments.DefaultReconcileInterval, "how often unknown payments due for an inquiry are inquired")
+	f.Duration(&c.InquiryBackoff, "inquiry-backoff", "PAYMENTS_INQUIRY_BACKOFF", payments.DefaultInquiryBackoff, "first wait between inquiries of one unknown payment (doubles each time)")
+	f.Duration(&c.InquiryBackoffMax, "inquiry-backoff-max", "PAYMENTS_INQUIRY_BACKOFF_MAX", payments.DefaultInquiryBackoffMax, "longest wait between inquiries")
+	f.Duration(&c.ExpiryInterval, "expiry-interval", "PAYMENTS_EXPIRY_INTERVAL", payments.DefaultExpiryInterval, "how often expired keys are pruned")
 }
 
 // Validate checks the settings; messages name the variable.
@@ -149,8 +136,8 @@ func (c *ProviderSim) Register(f *Flags) {
 	f.String(&c.DownRateText, "down-rate", "PROVIDER_SIM_DOWN_RATE", "0", "share of requests answered 503 without processing")
 	f.String(&c.InquiryUnknownRateText, "inquiry-unknown-rate", "PROVIDER_SIM_INQUIRY_UNKNOWN_RATE", "0", "share of inquiries answered \"unknown\"")
 	f.String(&c.InquiryStuckRateText, "inquiry-stuck-rate", "PROVIDER_SIM_INQUIRY_STUCK_RATE", "0", "share of operations whose inquiries always answer \"unknown\" (left to an operator)")
-	f.Duration(&c.SlowDelay, "slow-delay", "PROVIDER_SIM_SLOW_DELAY", defaultSimSlowDelay, "how long a slow charge takes")
-	f.Duration(&c.HangFor, "hang-for", "PROVIDER_SIM_HANG_FOR", defaultSimHangFor, "longest a timeout-after-charge holds the connection")
+	f.Duration(&c.SlowDelay, "slow-delay", "PROVIDER_SIM_SLOW_DELAY", provider.DefaultSlowDelay, "how long a slow charge takes")
+	f.Duration(&c.HangFor, "hang-for", "PROVIDER_SIM_HANG_FOR", provider.DefaultHangFor, "longest a timeout-after-charge holds the connection")
 }
 
 // Validate reads the rates and checks the settings.

@@ -43,6 +43,18 @@ type Config struct {
 // Poker wakes the relays; *outbox.Notifier is one. Poke must not block.
 type Poker interface{ Poke() }
 
+// Defaults of Config, applied to zero fields; the command-line flags of
+// `console payments-api` show the same values.
+const (
+	DefaultLease             = 30 * time.Second
+	DefaultRetryWindow       = 72 * time.Hour
+	DefaultRecoveryInterval  = 5 * time.Second
+	DefaultReconcileInterval = 5 * time.Second
+	DefaultInquiryBackoff    = 5 * time.Second
+	DefaultInquiryBackoffMax = 10 * time.Minute
+	DefaultExpiryInterval    = time.Minute
+)
+
 func (c Config) withDefaults() Config {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -52,13 +64,13 @@ func (c Config) withDefaults() Config {
 	if c.Topic == "" {
 		c.Topic = DefaultTopic
 	}
-	def(&c.Lease, 30*time.Second)
-	def(&c.RetryWindow, 72*time.Hour)
-	def(&c.RecoveryInterval, 5*time.Second)
-	def(&c.ReconcileInterval, 5*time.Second)
-	def(&c.InquiryBackoff, 5*time.Second)
-	def(&c.InquiryBackoffMax, 10*time.Minute)
-	def(&c.ExpiryInterval, time.Minute)
+	def(&c.Lease, DefaultLease)
+	def(&c.RetryWindow, DefaultRetryWindow)
+	def(&c.RecoveryInterval, DefaultRecoveryInterval)
+	def(&c.ReconcileInterval, DefaultReconcileInterval)
+	def(&c.InquiryBackoff, DefaultInquiryBackoff)
+	def(&c.InquiryBackoffMax, DefaultInquiryBackoffMax)
+	def(&c.ExpiryInterval, DefaultExpiryInterval)
 	if c.ExpiryBatch <= 0 {
 		c.ExpiryBatch = 1000
 	}
