@@ -6,13 +6,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/demo/devoidc"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 func freeAddr(t *testing.T) string {
@@ -96,25 +96,7 @@ func TestServeRunsAndStops(t *testing.T) {
 }
 
 func runConsoleCtx(ctx context.Context, envs map[string]string, args ...string) (code int, stdout, stderr string) {
-	var out, errb syncBuffer
+	var out, errb testkit.Buffer
 	code = run(ctx, args, env{lookup: config.MapLookup(envs), stdout: &out, stderr: &errb})
 	return code, out.String(), errb.String()
-}
-
-// syncBuffer takes log lines from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,22 +17,10 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
-
-// syncBuffer is a bytes.Buffer safe for the demo's writer goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // The demo is what a newcomer runs first: it must come alive (events written,
 // published, consumed once), print its status, and leave nothing behind.
@@ -53,7 +40,7 @@ func TestDemoComesAliveAndCleansUp(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out testkit.Buffer
 	ctx := context.Background()
 	d, err := Start(ctx, cfg, &out, slog.New(slog.DiscardHandler))
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/inbox"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 // SECURITY case 10, broker down: the embedded NATS server is shut down in
@@ -104,17 +105,6 @@ func TestBrokerOutageLosesNothing(t *testing.T) {
 		}
 		return n
 	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(90 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-
 	// Writers commit events all along: before, during and after the outage.
 	const writers, aggregates = 4, 100
 	var (
@@ -152,15 +142,15 @@ func TestBrokerOutageLosesNothing(t *testing.T) {
 		}()
 	}
 
-	waitFor("the stream to flow before the outage", func() bool { return effects() >= 200 })
+	testkit.Until(t, "the stream to flow before the outage", func() bool { return effects() >= 200 })
 	srvMu.Lock()
 	srv.Shutdown()
 	srv = nil
 	srvMu.Unlock()
 	down := inserted.Load()
 	// The relays must see the outage: failed publishes, backed off.
-	waitFor("relays to fail publishing while the broker is down", func() bool { return failures() >= 40 })
-	waitFor("writers to commit during the outage", func() bool { return inserted.Load() >= down+150 })
+	testkit.Until(t, "relays to fail publishing while the broker is down", func() bool { return failures() >= 40 })
+	testkit.Until(t, "writers to commit during the outage", func() bool { return inserted.Load() >= down+150 })
 	restarted, err := natsembedded.StartAt(dir, port)
 	if err != nil {
 		t.Fatalf("restart NATS on port %d: %v", port, err)
@@ -168,7 +158,7 @@ func TestBrokerOutageLosesNothing(t *testing.T) {
 	srvMu.Lock()
 	srv = restarted
 	srvMu.Unlock()
-	waitFor("writers to commit after the restart", func() bool { return inserted.Load() >= down+300 })
+	testkit.Until(t, "writers to commit after the restart", func() bool { return inserted.Load() >= down+300 })
 	stop.Store(true)
 	wwg.Wait()
 	total := len(ids)

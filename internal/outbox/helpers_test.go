@@ -14,33 +14,15 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
-// clock is an injected relay clock: tests move it instead of sleeping.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-// newClock starts just after the database's now(), so rows inserted before
-// are already available.
-func newClock() *clock {
-	// Microseconds: what timestamptz keeps, so times compare exactly.
-	return &clock{t: time.Now().Add(time.Millisecond).Truncate(time.Microsecond)}
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
+// newClock is an injected relay clock that starts just after the database's
+// now(), so rows inserted before are already available.
+func newClock() *testkit.Clock {
+	return testkit.NewClock(time.Now().Add(time.Millisecond))
 }
 
 // published is one message a memPublisher accepted.
@@ -145,18 +127,6 @@ func statusCounts(t *testing.T, pool *pgxpool.Pool) map[string]int {
 		t.Fatal(err)
 	}
 	return out
-}
-
-// waitFor polls cond up to a generous deadline (no timing assertion).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func mustJSON(v any) json.RawMessage {

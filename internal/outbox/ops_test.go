@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 // fixture sets one event per state the operator functions care about.
@@ -300,7 +301,7 @@ func TestNotifierWakesAnIdleRelay(t *testing.T) {
 
 	// The relay's first (empty) claim has run and its listener is up once
 	// pg_stat_activity shows a session waiting in LISTEN.
-	waitFor(t, "relay listening", func() bool {
+	testkit.Until(t, "relay listening", func() bool {
 		var listening bool
 		_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND query IN ('LISTEN sluice_outbox', 'LISTEN "sluice_outbox"'))`).Scan(&listening)
 		return listening && r.Stats().Claimed == 0
@@ -308,7 +309,7 @@ func TestNotifierWakesAnIdleRelay(t *testing.T) {
 	bulkInsert(t, pool, "wake", 3, 1)
 	// Keep poking: a notification sent before LISTEN took effect is lost
 	// (that is what polling is for), a later one is not.
-	waitFor(t, "relay woken by NOTIFY", func() bool {
+	testkit.Until(t, "relay woken by NOTIFY", func() bool {
 		n.Poke()
 		return len(log.all()) == 3
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 // Pruning runs flat out, with a zero retention, while three relays drain
@@ -86,7 +87,7 @@ func TestPruneUnderConcurrentRelays(t *testing.T) {
 			passes.Add(1)
 		}
 	}()
-	waitFor(t, "the relays to drain while pruning runs", func() bool {
+	testkit.Until(t, "the relays to drain while pruning runs", func() bool {
 		var pending int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE status = 'pending'`).Scan(&pending); err != nil {
 			t.Fatal(err)

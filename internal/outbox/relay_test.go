@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 // Four relays drain 20,000 events at once: every event is delivered exactly
@@ -46,7 +47,7 @@ func TestFourRelaysDrainConcurrently(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = r.Run(ctx) }()
 	}
-	waitFor(t, "all 20,000 events published", func() bool {
+	testkit.Until(t, "all 20,000 events published", func() bool {
 		return statusCounts(t, pool)[outbox.StatusPublished] == len(events)
 	})
 	cancel()
@@ -469,7 +470,7 @@ func TestOrderPerAggregateAcrossRelays(t *testing.T) {
 		}()
 	}
 	wwg.Wait()
-	waitFor(t, "every event published", func() bool {
+	testkit.Until(t, "every event published", func() bool {
 		return statusCounts(t, pool)[outbox.StatusPublished] == aggregates*perAggregate+len(backlog)
 	})
 	cancel()

@@ -1,38 +1,19 @@
 package payments
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-dev/sluice/internal/payments/provider"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
-
-// syncBuffer is a log sink many goroutines write to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // Canary personal data, recognisable anywhere it might leak.
 const (
@@ -69,7 +50,7 @@ func leaks(text string) []string {
 // but the encrypted customer envelopes (which must still decrypt to it).
 func TestPIICanaryNeverLeaks(t *testing.T) {
 	t.Parallel()
-	logs := &syncBuffer{}
+	logs := &testkit.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e := newEnv(t, envOpts{providerTimeout: shortTimeout, log: log, sim: provider.SimConfig{Logger: log, HangFor: time.Minute}})
 	e.account(1, "5000")

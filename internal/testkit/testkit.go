@@ -3,6 +3,7 @@
 package testkit
 
 import (
+	"bytes"
 	"sync"
 	"testing"
 	"time"
@@ -11,7 +12,7 @@ import (
 // Deadline is how long Eventually waits: generous, because a loaded 2-core
 // machine running every package's tests at once is slow; a test never
 // asserts on timing, it only refuses to hang.
-const Deadline = 60 * time.Second
+const Deadline = 90 * time.Second
 
 // Eventually polls cond until it reports true and fails the test if that
 // has not happened by Deadline, naming what it waited for and cond's last
@@ -76,4 +77,25 @@ func (c *Clock) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
+}
+
+// Buffer is a bytes.Buffer safe for concurrent writers: the log or the
+// output of a process that runs on while the test reads it.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

@@ -15,8 +15,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/sluice-dev/sluice/internal/payments"
 	"github.com/sluice-dev/sluice/internal/payments/paymentsapi"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 // Merchant A's key cannot debit B's account (403, the same answer as for an
@@ -204,7 +206,7 @@ func TestWrongHostRefused(t *testing.T) {
 // successful payment, a revoked key, a forged one, a server error.
 func TestAPIKeysNeverLogged(t *testing.T) {
 	t.Parallel()
-	logs := &syncBuffer{}
+	logs := &testkit.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	crash := &crashing{}
 	e := newEnv(t, envOpts{log: log, wrap: func(p paymentsapi.Payments) paymentsapi.Payments { crash.Payments = p; return crash }})

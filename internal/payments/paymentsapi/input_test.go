@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 // Missing key, malformed JSON, bad amounts, unknown currency, oversized
@@ -82,7 +83,7 @@ func TestPIICanaryNeverLeaksFromTheAPI(t *testing.T) {
 		name  = "Zebulon Canaryfield"
 		email = "zebulon.canaryfield@canary-mail.example"
 	)
-	logs := &syncBuffer{}
+	logs := &testkit.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e := newEnv(t, envOpts{log: log})
 	e.account(1, "5000")
