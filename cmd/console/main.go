@@ -45,6 +45,7 @@ func commands() map[string]command {
 		"migrate":      {"apply (`migrate up`) or show (`migrate status`) the embedded schema migrations", []string{"up", "status"}, runMigrate},
 		"prune":        {"one pruning pass (published outbox rows, inbox rows past retention), in small batches", nil, runPrune},
 		"audit":        {"`audit verify`: walk the audit hash chain; exit 1 naming the first broken row", []string{"verify"}, runAudit},
+		"db":           {"`db grant --role NAME [--dry-run]`: set up the application role the services run as", []string{"grant"}, runDB},
 		"version":      {"version, commit, schema version", nil, runVersion},
 	}
 }
