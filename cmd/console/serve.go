@@ -15,6 +15,8 @@ func runServe(ctx context.Context, e env, args []string) error {
 	var c config.Console
 	f := config.NewFlags("serve", "The web console: OIDC sign-in and the live dashboard.", e.lookup, e.stderr)
 	config.RegisterConsole(f, &c)
+	var anchors anchoring
+	anchors.register(f)
 	if err := f.Parse(args); err != nil {
 		return err
 	}
@@ -31,6 +33,11 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	stopAnchors, err := anchors.start(ctx, e, pool, log)
+	if err != nil {
+		return err
+	}
+	defer stopAnchors()
 	app, err := web.New(ctx, web.Config{
 		Addr: c.Addr, PublicURL: strings.TrimSuffix(c.PublicURL, "/"), MetricsAddr: c.MetricsAddr,
 		OIDCIssuer: c.OIDCIssuer, OIDCClientID: c.OIDCClientID, OIDCClientSecret: c.OIDCClientSecret,
