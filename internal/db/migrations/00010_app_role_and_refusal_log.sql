@@ -14,8 +14,8 @@
 -- becoming a permanent row of the audit chain: anyone on the network could
 -- otherwise grow the chain without bound. It is pruned after a retention
 -- window (`console prune`), hence the index on the time. It carries the
--- route template, a reason word and the client IP: never cookies, tokens,
--- raw paths or user agents.
+-- route template, a reason word, the client IP and the request id: never
+-- cookies, tokens, raw paths or user agents.
 
 -- +goose Up
 CREATE TABLE db_app_role (
@@ -28,7 +28,8 @@ CREATE TABLE console_refusal (
     refused_at  timestamptz NOT NULL DEFAULT now(),
     route       text        NOT NULL, -- method and route template, e.g. "POST /logout"
     reason      text        NOT NULL, -- cross_origin, no_session, ...
-    ip          text        NOT NULL
+    ip          text        NOT NULL,
+    request_id  text        NOT NULL  -- the id the refused client was shown, to find the log line
 );
 CREATE INDEX console_refusal_refused_at_idx ON console_refusal (refused_at);
 
