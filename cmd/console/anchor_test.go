@@ -33,6 +33,19 @@ func appendAudit(t *testing.T, pool *pgxpool.Pool, n int, reason string) {
 	}
 }
 
+// testDB is a fresh, migrated database: its URL for the subcommand and a
+// pool on it for the test.
+func testDB(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	url := dbtest.URL(t)
+	pool, err := db.Open(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return url, pool
+}
+
 // asOwner runs sql with the triggers off, as the tables' owner can.
 func asOwner(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 	t.Helper()
@@ -82,12 +95,7 @@ func TestAuditVerifyWithAnchors(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			url := dbtest.URL(t)
-			pool, err := db.Open(context.Background(), url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(pool.Close)
+			url, pool := testDB(t)
 			file := filepath.Join(t.TempDir(), "anchors.jsonl")
 			envs := map[string]string{"DATABASE_URL": url, "AUDIT_SIGNING_KEY": base64.StdEncoding.EncodeToString(key.Seed())}
 			appendAudit(t, pool, 60, "")
@@ -116,12 +124,7 @@ func TestAuditVerifyWithAnchors(t *testing.T) {
 
 func TestAuditAnchorKeysAndForgery(t *testing.T) {
 	t.Parallel()
-	url := dbtest.URL(t)
-	pool, err := db.Open(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	url, pool := testDB(t)
 	appendAudit(t, pool, 3, "")
 	pub, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {

@@ -9,9 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/sluice-dev/sluice/internal/db"
-	"github.com/sluice-dev/sluice/internal/db/dbtest"
 )
 
 // privileges lists role's table privileges and default privileges, to
@@ -33,13 +30,8 @@ func privileges(t *testing.T, pool *pgxpool.Pool, role string) []string {
 
 func TestDBGrantDryRunThenIdempotent(t *testing.T) {
 	t.Parallel()
-	url := dbtest.URL(t)
+	url, pool := testDB(t)
 	ctx := context.Background()
-	pool, err := db.Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	role := "sluice_grant_" + hex.EncodeToString(b)
