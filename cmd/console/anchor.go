@@ -102,6 +102,7 @@ func checkAnchorFile(ctx context.Context, e env, pool *pgxpool.Pool, path string
 type anchoring struct {
 	file  string
 	every time.Duration
+	key   ed25519.PrivateKey
 }
 
 func (a *anchoring) register(f *config.Flags) {
@@ -109,24 +110,30 @@ func (a *anchoring) register(f *config.Flags) {
 	f.Duration(&a.every, "audit-anchor-every", "AUDIT_ANCHOR_EVERY", time.Hour, "interval of the periodic audit anchors")
 }
 
-// start runs the anchor writer until the returned stop is called (it
-// waits for the writer to finish); a no-op without a file.
-func (a *anchoring) start(ctx context.Context, e env, pool *pgxpool.Pool, log *slog.Logger) (stop func(), err error) {
+// validate checks the settings (and reads the key) before anything starts.
+func (a *anchoring) validate(e env) error {
 	if a.file == "" {
-		return func() {}, nil
+		return nil
 	}
 	if a.every < time.Second {
-		return nil, fmt.Errorf("AUDIT_ANCHOR_EVERY: %s is shorter than a second", a.every)
+		return fmt.Errorf("AUDIT_ANCHOR_EVERY: %s is shorter than a second", a.every)
 	}
-	key, err := signingKey(e)
-	if err != nil {
-		return nil, err
+	var err error
+	a.key, err = signingKey(e)
+	return err
+}
+
+// start runs the anchor writer until the returned stop is called (it
+// waits for the writer to finish); a no-op without a file.
+func (a *anchoring) start(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (stop func()) {
+	if a.file == "" {
+		return func() {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		(&audit.Anchorer{DB: pool, Key: key, Every: a.every, File: a.file, Log: log}).Run(ctx)
+		(&audit.Anchorer{DB: pool, Key: a.key, Every: a.every, File: a.file, Log: log}).Run(ctx)
 	}()
-	return func() { cancel(); <-done }, nil
+	return func() { cancel(); <-done }
 }

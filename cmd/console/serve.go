@@ -23,6 +23,9 @@ func runServe(ctx context.Context, e env, args []string) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
+	if err := anchors.validate(e); err != nil {
+		return err
+	}
 	roleMap, err := auth.ParseRoleMap(c.RoleMap)
 	if err != nil {
 		return fmt.Errorf("CONSOLE_ROLE_MAP: %w", err)
@@ -33,11 +36,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	stopAnchors, err := anchors.start(ctx, e, pool, log)
-	if err != nil {
-		return err
-	}
-	defer stopAnchors()
+	defer anchors.start(ctx, pool, log)()
 	app, err := web.New(ctx, web.Config{
 		Addr: c.Addr, PublicURL: strings.TrimSuffix(c.PublicURL, "/"), MetricsAddr: c.MetricsAddr,
 		OIDCIssuer: c.OIDCIssuer, OIDCClientID: c.OIDCClientID, OIDCClientSecret: c.OIDCClientSecret,
