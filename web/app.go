@@ -69,6 +69,22 @@ type Config struct {
 	LoginPending int
 }
 
+// Defaults of Config, applied to zero fields by New; `console serve` shows
+// them as its flag defaults. The live tick's default is live.DefaultInterval,
+// the pending-login cap's auth.DefaultMaxPendingLogins.
+const (
+	DefaultSessionLifetime   = 12 * time.Hour
+	DefaultSessionIdle       = 30 * time.Minute
+	DefaultSessionRecheck    = 30 * time.Second
+	DefaultBodyLimit         = "64K"
+	DefaultRoleRecheck       = 5 * time.Minute
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 30 * time.Second
+	DefaultIdleTimeout       = 2 * time.Minute
+	DefaultWSPerSession      = 8
+	DefaultLoginRate         = 60
+)
+
 // Deps are the parts the console is built from.
 type Deps struct {
 	Pool     *pgxpool.Pool
@@ -125,37 +141,37 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		return nil, errors.New("web: no database pool")
 	}
 	if cfg.SessionLifetime <= 0 {
-		cfg.SessionLifetime = 12 * time.Hour
+		cfg.SessionLifetime = DefaultSessionLifetime
 	}
 	if cfg.SessionIdle <= 0 {
-		cfg.SessionIdle = 30 * time.Minute
+		cfg.SessionIdle = DefaultSessionIdle
 	}
 	if cfg.SessionRecheck <= 0 {
-		cfg.SessionRecheck = 30 * time.Second
+		cfg.SessionRecheck = DefaultSessionRecheck
 	}
 	if cfg.BodyLimit == "" {
-		cfg.BodyLimit = "64K"
+		cfg.BodyLimit = DefaultBodyLimit
 	}
 	if cfg.RoleRecheck <= 0 {
-		cfg.RoleRecheck = 5 * time.Minute
+		cfg.RoleRecheck = DefaultRoleRecheck
 	}
 	if cfg.ReadHeaderTimeout <= 0 {
-		cfg.ReadHeaderTimeout = 10 * time.Second
+		cfg.ReadHeaderTimeout = DefaultReadHeaderTimeout
 	}
 	if cfg.ReadTimeout <= 0 {
-		cfg.ReadTimeout = 30 * time.Second
+		cfg.ReadTimeout = DefaultReadTimeout
 	}
 	if cfg.IdleTimeout <= 0 {
-		cfg.IdleTimeout = 2 * time.Minute
+		cfg.IdleTimeout = DefaultIdleTimeout
 	}
 	if cfg.WSPerSession <= 0 {
-		cfg.WSPerSession = 8
+		cfg.WSPerSession = DefaultWSPerSession
 	}
 	if cfg.LoginRate <= 0 {
-		cfg.LoginRate = 60
+		cfg.LoginRate = DefaultLoginRate
 	}
 	if cfg.LoginPending <= 0 {
-		cfg.LoginPending = 10000
+		cfg.LoginPending = auth.DefaultMaxPendingLogins
 	}
 	if deps.Now == nil {
 		deps.Now = time.Now

@@ -12,6 +12,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
+	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
@@ -156,13 +157,9 @@ func TestBrowserLoginLiveDashboardAndLogout(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		insertEvent(t, h, "payments")
 	}
-	if _, err := h.pool.Exec(context.Background(), `
-		INSERT INTO account (account_id, balance) VALUES (7, 1000);
-		INSERT INTO payment (operation_id, merchant_id, invoice_id, account_id, amount, currency, status, unknown_since)
-		VALUES (gen_random_uuid(), 'm1', 'inv-1', 7, 250.00, 'TRY', 'unknown', now() - interval '3 minutes'),
-		       (gen_random_uuid(), 'm1', 'inv-2', 7, 75.10, 'TRY', 'unknown', now());`); err != nil {
-		t.Fatal(err)
-	}
+	account := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 7, Balance: "1000"})
+	paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: account, Merchant: "m1", Invoice: "inv-1", Amount: "250.00", Age: 3 * time.Minute})
+	paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: account, Merchant: "m1", Invoice: "inv-2", Amount: "75.10"})
 	waitJS(tctx, t, "backlog 3 on the open page", `document.querySelector('[data-testid="backlog"]').textContent.trim() === '3'`)
 	waitJS(tctx, t, "2 unknown payments on the open page", `document.querySelector('[data-testid="unknown"]').textContent.trim() === '2'`)
 	waitJS(tctx, t, "the unknown list", `document.querySelectorAll('[data-testid="recent-unknown"] li').length === 2`)

@@ -24,7 +24,7 @@ func TestMetricsComeFromTheSnapshot(t *testing.T) {
 	})
 	for _, want := range []string{
 		"sluice_outbox_oldest_pending_age_seconds", "sluice_outbox_dead_letter 0", "sluice_payments_unknown 0",
-		"sluice_payments_reconcile_age_seconds 0", "sluice_ws_clients 0",
+		"sluice_payments_reconcile_age_seconds 0", "sluice_payments_discrepancies 0", "sluice_ws_clients 0",
 		`sluice_console_actions_total{action="auth.login",outcome="ok"} 1`,
 		`sluice_http_request_duration_seconds_count{code="200",method="GET",route="/"}`,
 	} {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/PuerkitoBio/goquery"
 
+	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
@@ -85,12 +86,11 @@ func TestEveryLinkOnTheDashboardLeadsSomewhere(t *testing.T) {
 	insertEvent(t, h, "ledger")
 	if _, err := h.pool.Exec(ctx, `
 		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at, attempts, last_error)
-		VALUES (gen_random_uuid(), 't', 'dead-1', 1, 'orders', 'order.placed.v1', '{}', 'dead', now(), 5, 'refused');
-		INSERT INTO account (account_id, balance) VALUES (7, 1000);
-		INSERT INTO payment (operation_id, merchant_id, invoice_id, account_id, amount, currency, status, unknown_since)
-		VALUES (gen_random_uuid(), 'm1', 'inv-1', 7, 250.00, 'TRY', 'unknown', now());`); err != nil {
+		VALUES (gen_random_uuid(), 't', 'dead-1', 1, 'orders', 'order.placed.v1', '{}', 'dead', now(), 5, 'refused')`); err != nil {
 		t.Fatal(err)
 	}
+	account := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 7, Balance: "1000"})
+	paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: account, Merchant: "m1", Invoice: "inv-1", Amount: "250.00"})
 	for _, user := range []string{"support", "oncall", "auditor", "admin"} {
 		b := newBrowser(t)
 		h.login(t, b, user, user, "")

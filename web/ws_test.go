@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 	"github.com/sluice-dev/sluice/internal/testkit"
 	"github.com/sluice-dev/sluice/web"
 )
@@ -240,13 +241,11 @@ func TestDashboardCarriesNoCustomerData(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := h.pool.Exec(context.Background(), `
-		INSERT INTO account (account_id, balance) VALUES (1, 100);
-		INSERT INTO payment (operation_id, merchant_id, invoice_id, account_id, amount, currency, status, unknown_since, customer)
-		VALUES (gen_random_uuid(), 'm', 'inv-9', 1, 42.42, 'TRY', 'unknown', now(),
-		        '{"name":"CANARY-NAME","email":"canary@example.com","tax_id":"CANARY-TAX"}')`); err != nil {
-		t.Fatal(err)
-	}
+	account := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 1, Balance: "100"})
+	// Customer fields in clear where envelopes belong: whatever the column
+	// holds must not reach a page or a frame.
+	paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: account, Invoice: "inv-9", Amount: "42.42",
+		Customer: map[string]string{"name": "CANARY-NAME", "email": "canary@example.com", "tax_id": "CANARY-TAX"}})
 	var frames strings.Builder
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(frames.String(), "42.42 TRY") {

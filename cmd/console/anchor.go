@@ -18,8 +18,8 @@ import (
 // The anchor signing key is read from the environment only, never a flag:
 // a flag's value shows in the process list.
 
-func signingKey(e env) (ed25519.PrivateKey, error) {
-	v, ok := e.lookup("AUDIT_SIGNING_KEY")
+func signingKey(lookup config.Lookup) (ed25519.PrivateKey, error) {
+	v, ok := lookup("AUDIT_SIGNING_KEY")
 	if !ok || v == "" {
 		return nil, errors.New("AUDIT_SIGNING_KEY is required: base64 of a 32-byte Ed25519 seed or 64-byte private key")
 	}
@@ -40,7 +40,7 @@ func verifyKey(e env) (ed25519.PublicKey, error) {
 		return k, nil
 	}
 	if v, ok := e.lookup("AUDIT_SIGNING_KEY"); ok && v != "" {
-		k, err := signingKey(e)
+		k, err := signingKey(e.lookup)
 		if err != nil {
 			return nil, err
 		}
@@ -50,7 +50,7 @@ func verifyKey(e env) (ed25519.PublicKey, error) {
 }
 
 func writeAnchor(ctx context.Context, e env, pool *pgxpool.Pool, out string) error {
-	key, err := signingKey(e)
+	key, err := signingKey(e.lookup)
 	if err != nil {
 		return err
 	}
@@ -100,18 +100,19 @@ func checkAnchorFile(ctx context.Context, e env, pool *pgxpool.Pool, path string
 // anchoring is the console's periodic anchor writer (serve): on when
 // AUDIT_ANCHOR_FILE is set.
 type anchoring struct {
-	file  string
-	every time.Duration
-	key   ed25519.PrivateKey
+	lookup config.Lookup // where AUDIT_SIGNING_KEY is read (never a flag)
+	file   string
+	every  time.Duration
+	key    ed25519.PrivateKey
 }
 
-func (a *anchoring) register(f *config.Flags) {
+func (a *anchoring) Register(f *config.Flags) {
 	f.String(&a.file, "audit-anchor-file", "AUDIT_ANCHOR_FILE", "", "append a signed anchor of the audit chain head to this file every AUDIT_ANCHOR_EVERY (needs AUDIT_SIGNING_KEY)")
 	f.Duration(&a.every, "audit-anchor-every", "AUDIT_ANCHOR_EVERY", time.Hour, "interval of the periodic audit anchors")
 }
 
-// validate checks the settings (and reads the key) before anything starts.
-func (a *anchoring) validate(e env) error {
+// Validate checks the settings and reads the key before anything starts.
+func (a *anchoring) Validate() error {
 	if a.file == "" {
 		return nil
 	}
@@ -119,8 +120,23 @@ func (a *anchoring) validate(e env) error {
 		return fmt.Errorf("AUDIT_ANCHOR_EVERY: %s is shorter than a second", a.every)
 	}
 	var err error
-	a.key, err = signingKey(e)
+	a.key, err = signingKey(a.lookup)
 	return err
+}
+
+// both is two subcommands' settings as one (serve's and its anchors').
+type both [2]settings
+
+func (b both) Register(f *config.Flags) {
+	b[0].Register(f)
+	b[1].Register(f)
+}
+
+func (b both) Validate() error {
+	var ck config.Check
+	ck.Add(b[0].Validate())
+	ck.Add(b[1].Validate())
+	return ck.Err()
 }
 
 // start runs the anchor writer until the returned stop is called (it

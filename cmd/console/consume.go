@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/broker/brokerurl"
@@ -13,18 +12,10 @@ import (
 
 func runConsume(ctx context.Context, e env, args []string) error {
 	var c config.Consume
-	f := config.NewFlags("consume", "Reference consumer: reads events from the broker on a durable subscription and applies\n"+
+	if _, err := configure(e, "consume", "Reference consumer: reads events from the broker on a durable subscription and applies\n"+
 		"each one once through the inbox. Its effect records one consume_effect row per event\n"+
 		"(event id, topic, type, aggregate, sequence; never the payload); an event older than\n"+
-		"its aggregate's last applied sequence is dropped as stale. Stops cleanly on SIGINT/SIGTERM.", e.lookup, e.stderr)
-	c.Register(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if rest := f.Args(); len(rest) > 0 {
-		return &config.UsageError{Err: fmt.Errorf("unexpected arguments: %v", rest)}
-	}
-	if err := c.Validate(); err != nil {
+		"its aggregate's last applied sequence is dropped as stale. Stops cleanly on SIGINT/SIGTERM.", &c, args, nil); err != nil {
 		return err
 	}
 	log := newLogger(e.stderr, c.LogLevel)

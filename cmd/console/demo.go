@@ -8,11 +8,11 @@ import (
 )
 
 func runDemo(ctx context.Context, e env, args []string) error {
-	cfg, err := config.ParseDemo(args, e.lookup, e.stderr)
-	if err != nil {
+	var c config.Demo
+	if _, err := configure(e, "demo", "Run the whole system on this machine: a throwaway PostgreSQL (or a database of its own on\nDATABASE_URL), embedded NATS JetStream, the development OIDC provider, the payments service with a\nfaulty simulated provider, workloads, relays, the consumer and the console. Ctrl-C stops everything\nand removes what it created.", &c, args, nil); err != nil {
 		return err
 	}
-	d, err := demo.Start(ctx, cfg, e.stdout, newLogger(e.stderr, cfg.LogLevel))
+	d, err := demo.Start(ctx, c, e.stdout, newLogger(e.stderr, c.LogLevel))
 	if err != nil {
 		return err
 	}

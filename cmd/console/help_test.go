@@ -62,3 +62,31 @@ func TestFlagsAfterTheVerb(t *testing.T) {
 		}
 	}
 }
+
+// --database-url is accepted wherever DATABASE_URL is read: every
+// subcommand and verb whose help names DATABASE_URL lists the flag, and
+// only provider-sim has no database at all.
+func TestDatabaseURLFlagWherever(t *testing.T) {
+	t.Parallel()
+	for name, cmd := range commands() {
+		lines := [][]string{{name, "--help"}}
+		for _, v := range cmd.verbs {
+			lines = append(lines, []string{name, v, "--help"})
+		}
+		reads := false
+		for _, args := range lines {
+			_, stdout, stderr := runConsole(t, nil, args...)
+			help := stdout + stderr
+			if !strings.Contains(help, "DATABASE_URL") {
+				continue
+			}
+			reads = true
+			if !strings.Contains(help, "-database-url") {
+				t.Errorf("console %s names DATABASE_URL but has no --database-url:\n%s", strings.Join(args, " "), help)
+			}
+		}
+		if !reads && name != "provider-sim" {
+			t.Errorf("console %s: help never names DATABASE_URL", name)
+		}
+	}
+}

@@ -104,6 +104,38 @@ func oneLine(err error) string {
 	return strings.Join(strings.Fields(err.Error()), " ")
 }
 
+// settings is a subcommand's typed configuration (internal/config): its
+// flags, each with an environment twin, and the start-up check.
+type settings interface {
+	Register(f *config.Flags)
+	Validate() error
+}
+
+// configure is how every subcommand starts: c's flags and their
+// environment twins are read from args; the positional arguments (verbs,
+// ids) are checked by positional (nil: none allowed), whose errors are usage
+// errors; then c is validated. It returns the positional arguments.
+func configure(e env, name, summary string, c settings, args []string, positional func([]string) error) ([]string, error) {
+	f := config.NewFlags(name, summary, e.lookup, e.stderr)
+	c.Register(f)
+	if err := f.Parse(args); err != nil {
+		return nil, err
+	}
+	rest := f.Args()
+	if positional == nil {
+		positional = func(rest []string) error {
+			if len(rest) > 0 {
+				return fmt.Errorf("unexpected arguments: %v", rest)
+			}
+			return nil
+		}
+	}
+	if err := positional(rest); err != nil {
+		return nil, &config.UsageError{Err: err}
+	}
+	return rest, c.Validate()
+}
+
 // newLogger builds the process logger: JSON on stderr at LOG_LEVEL.
 func newLogger(w io.Writer, level string) *slog.Logger {
 	lvl, _ := config.ParseLevel(level)

@@ -47,28 +47,26 @@ func runMerchants(ctx context.Context, e env, args []string) error {
 	default:
 		return &config.UsageError{Err: fmt.Errorf("unknown verb %q (want add, assign, keys or revoke)", verb)}
 	}
-	var c config.Merchants
-	f := config.NewFlags("merchants "+verb, merchantsUsage, e.lookup, e.stderr)
-	c.Register(f, verb)
-	pos, err := parseInterleaved(f, args[1:])
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		what := "a merchant ID"
-		if verb == "revoke" {
-			what = "a KEY_ID"
+	c := config.Merchants{Verb: verb}
+	var accounts []int64
+	usage := func(pos []string) (err error) {
+		if len(pos) != 1 {
+			what := "a merchant ID"
+			if verb == "revoke" {
+				what = "a KEY_ID"
+			}
+			return fmt.Errorf("merchants %s wants exactly one argument, %s (got %d)", verb, what, len(pos))
 		}
-		return &config.UsageError{Err: fmt.Errorf("merchants %s wants exactly one argument, %s (got %d)", verb, what, len(pos))}
+		if accounts, err = parseAccounts(c.Accounts); err != nil {
+			return err
+		}
+		if verb == "assign" && len(accounts) == 0 {
+			return errors.New("merchants assign wants --account A[,B…]")
+		}
+		return nil
 	}
-	accounts, err := parseAccounts(c.Accounts)
+	pos, err := configure(e, "merchants "+verb, merchantsUsage, &c, args[1:], usage)
 	if err != nil {
-		return err
-	}
-	if verb == "assign" && len(accounts) == 0 {
-		return &config.UsageError{Err: errors.New("merchants assign wants --account A[,B…]")}
-	}
-	if err := c.Validate(); err != nil {
 		return err
 	}
 	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)
@@ -137,23 +135,6 @@ func assignAccounts(ctx context.Context, e env, pool *pgxpool.Pool, merchant str
 	return nil
 }
 
-// parseInterleaved parses flags wherever they stand among the positional
-// arguments (`merchants add ID --name N` as well as `--name N ID`).
-func parseInterleaved(f *config.Flags, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := f.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := f.Args()
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
-}
-
 func parseAccounts(s string) ([]int64, error) {
 	var out []int64
 	for _, a := range strings.Split(s, ",") {
@@ -162,7 +143,7 @@ func parseAccounts(s string) ([]int64, error) {
 		}
 		n, err := strconv.ParseInt(a, 10, 64)
 		if err != nil || n <= 0 {
-			return nil, &config.UsageError{Err: fmt.Errorf("--account: %q is not an account id (a positive whole number)", a)}
+			return nil, fmt.Errorf("--account: %q is not an account id (a positive whole number)", a)
 		}
 		out = append(out, n)
 	}

@@ -9,26 +9,22 @@ import (
 )
 
 func runMigrate(ctx context.Context, e env, args []string) error {
-	var c config.Common
-	f := config.NewFlags("migrate", "Apply (`migrate up`, the default) or show (`migrate status`) the embedded schema migrations.\nMigrations are append-only and each runs in one transaction.", e.lookup, e.stderr)
-	f.String(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL ≥ 15 connection URL")
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	var ck config.Check
-	ck.DatabaseURL("DATABASE_URL", c.DatabaseURL)
-	if err := ck.Err(); err != nil {
-		return err
-	}
+	var c config.Database
 	action := "up"
-	if rest := f.Args(); len(rest) > 0 {
-		action = rest[0]
-		if len(rest) > 1 {
-			return &config.UsageError{Err: fmt.Errorf("unexpected arguments after %q: %v", action, rest[1:])}
+	verb := func(rest []string) error {
+		if len(rest) > 0 {
+			action = rest[0]
+			if len(rest) > 1 {
+				return fmt.Errorf("unexpected arguments after %q: %v", action, rest[1:])
+			}
 		}
+		if action != "up" && action != "status" {
+			return fmt.Errorf("unknown action %q: use `migrate up` or `migrate status`", action)
+		}
+		return nil
 	}
-	if action != "up" && action != "status" {
-		return &config.UsageError{Err: fmt.Errorf("unknown action %q: use `migrate up` or `migrate status`", action)}
+	if _, err := configure(e, "migrate", "Apply (`migrate up`, the default) or show (`migrate status`) the embedded schema migrations.\nMigrations are append-only and each runs in one transaction.", &c, args, verb); err != nil {
+		return err
 	}
 	pool, err := db.Open(ctx, c.DatabaseURL)
 	if err != nil {

@@ -22,15 +22,7 @@ func runPayments(ctx context.Context, e env, args []string) error {
 		return &config.UsageError{Err: fmt.Errorf("want `payments reconcile --file F [--dry-run]`")}
 	}
 	var c config.PaymentsReconcile
-	f := config.NewFlags("payments reconcile", "Apply a provider settlement file (the end-of-day path): CSV lines operation_id,outcome[,provider_ref],\noutcome succeeded|failed. The whole file is read and validated first: one invalid line (or an empty file)\nand nothing is applied. Then each unknown payment named is resolved once (a line is a definite provider\nanswer); a final payment the file contradicts gets a discrepancy for an operator and is not changed.\nEach line's result is printed, then a summary. Applying a file twice changes nothing the second time.\nWith --dry-run it prints what it would change and changes nothing.\nExit 1 when the file is invalid or empty, names charges we have no payment for, or contradicts us.", e.lookup, e.stderr)
-	c.Register(f)
-	if err := f.Parse(args[1:]); err != nil {
-		return err
-	}
-	if len(f.Args()) > 0 {
-		return &config.UsageError{Err: fmt.Errorf("unexpected arguments: %v", f.Args())}
-	}
-	if err := c.Validate(); err != nil {
+	if _, err := configure(e, "payments reconcile", "Apply a provider settlement file (the end-of-day path): CSV lines operation_id,outcome[,provider_ref],\noutcome succeeded|failed. The whole file is read and validated first: one invalid line (or an empty file)\nand nothing is applied. Then each unknown payment named is resolved once (a line is a definite provider\nanswer); a final payment the file contradicts gets a discrepancy for an operator and is not changed.\nEach line's result is printed, then a summary. Applying a file twice changes nothing the second time.\nWith --dry-run it prints what it would change and changes nothing.\nExit 1 when the file is invalid or empty, names charges we have no payment for, or contradicts us.", &c, args[1:], nil); err != nil {
 		return err
 	}
 	var in io.Reader = os.Stdin

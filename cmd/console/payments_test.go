@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 )
 
 // `console payments reconcile --file F [--dry-run]`: a file with an invalid
@@ -26,16 +27,8 @@ func TestPaymentsReconcileFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	op := uuid.New()
-	for _, q := range []string{
-		`INSERT INTO account (account_id, currency, balance, reserved) VALUES (1, 'TRY', 500, 100)`,
-		`INSERT INTO payment (operation_id, merchant_id, invoice_id, account_id, amount, currency, status, unknown_since) VALUES ('` + op.String() + `', 'm', 'inv-1', 1, 100, 'TRY', 'unknown', now())`,
-		`INSERT INTO balance_reservation (operation_id, account_id, amount) VALUES ('` + op.String() + `', 1, 100)`,
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	account := paymentstest.Account(t, pool, paymentstest.AccountOpts{ID: 1, Balance: "500"})
+	op := paymentstest.Payment(t, pool, paymentstest.PaymentOpts{Account: account, Invoice: "inv-1", Amount: "100"})
 	state := func() string {
 		t.Helper()
 		var s string
@@ -80,7 +73,8 @@ func TestPaymentsReconcileFile(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "summary: 1 line(s), resolved 1") {
 		t.Fatalf("apply: code %d\nstdout %s\nstderr %s", code, out, stderr)
 	}
-	if s := state(); !strings.HasPrefix(s, "completed 400.00 0.00 1 ") {
+	// Two ledger entries: the opening credit and the payment's debit.
+	if s := state(); !strings.HasPrefix(s, "completed 400.00 0.00 2 ") {
 		t.Fatalf("after reconcile: %s", s)
 	}
 	applied := state()

@@ -13,19 +13,16 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/payments/paymentsapi"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
 	"github.com/sluice-dev/sluice/internal/pii"
 )
 
 func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 	var c config.PaymentsAPI
-	f := config.NewFlags("payments-api", "The reference payments service: POST /v1/payments (Authorization: Bearer <merchant API key>, Idempotency-Key),\nGET /v1/payments/{operation_id}, /metrics, and the recovery, reconcile and expiry workers.\nMerchants and their keys: `console merchants --help`. Answer codes: docs/payments-api.md.", e.lookup, e.stderr)
-	c.Register(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if err := c.Validate(); err != nil {
+	if _, err := configure(e, "payments-api", "The reference payments service: POST /v1/payments (Authorization: Bearer <merchant API key>, Idempotency-Key),\nGET /v1/payments/{operation_id}, /metrics, and the recovery, reconcile and expiry workers.\nMerchants and their keys: `console merchants --help`. Answer codes: docs/payments-api.md.", &c, args, nil); err != nil {
 		return err
 	}
 	kr, err := pii.ParseKeyring(c.PIIKeys, c.PIIBlindIndexKey)
@@ -50,10 +47,14 @@ func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	reg := newProcessRegistry()
+	// Wakes the relays after each commit that wrote a payment.* event, so
+	// they publish it at once instead of on their next poll.
+	notifier := outbox.NewNotifier(pool, 0, log)
 	svc, err := payments.NewService(pool, provider.NewClient(c.ProviderURL, c.ProviderTimeout), kr, payments.Config{
 		Topic: c.Topic, Lease: c.Lease, RetryWindow: c.RetryWindow,
 		RecoveryInterval: c.RecoveryInterval, ReconcileInterval: c.ReconcileInterval,
 		InquiryBackoff: c.InquiryBackoff, InquiryBackoffMax: c.InquiryBackoffMax, ExpiryInterval: c.ExpiryInterval,
+		Poker: notifier,
 	}, log, reg)
 	if err != nil {
 		return err
@@ -61,6 +62,11 @@ func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
 		return fmt.Errorf("PAYMENTS_API_ADDR: listen %s: %w", c.Addr, err)
+	}
+	api, err := paymentsapi.New(svc, paymentsapi.Config{AllowedHosts: paymentsapi.AllowedHosts(ln.Addr().String(), c.HostList()), Logger: log, Registerer: reg})
+	if err != nil {
+		ln.Close()
+		return err
 	}
 	mux := http.NewServeMux()
 	if c.MetricsAddr == "" {
@@ -73,15 +79,20 @@ func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 		}
 		defer stop()
 	}
-	mux.Handle("/", svc.Handler(payments.AllowedHosts(ln.Addr().String(), c.HostList())))
+	mux.Handle("/", api)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	wctx, stopWorkers := context.WithCancel(ctx)
 	workersDone := make(chan struct{})
+	notifierDone := make(chan struct{})
 	go func() {
 		defer close(workersDone)
 		_ = svc.RunWorkers(wctx)
+	}()
+	go func() {
+		defer close(notifierDone)
+		_ = notifier.Run(wctx)
 	}()
 	log.Info("payments-api listening", "addr", ln.Addr().String(), "provider", c.ProviderURL, "db_pool_size", c.PoolSize)
 	select {
@@ -93,6 +104,7 @@ func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 	defer cancel()
 	_ = srv.Shutdown(sctx)
 	<-workersDone
+	<-notifierDone
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

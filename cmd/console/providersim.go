@@ -10,12 +10,7 @@ import (
 
 func runProviderSim(ctx context.Context, e env, args []string) error {
 	var c config.ProviderSim
-	f := config.NewFlags("provider-sim", "The simulated payment provider: its own HTTP server with its own record of charges (idempotent by operation id)\nand a fault mix. API: POST /v1/charges, GET /v1/charges/{operation_id}; admin: GET /charges,\nPOST /admin/next {\"behaviours\":[\"decline\"|\"timeout_after_charge\"|\"slow\"|\"down\"|\"succeed\"]},\nPOST /admin/inquiry {\"mode\":\"answer\"|\"unknown\"|\"down\",\"operation_id\":optional}.", e.lookup, e.stderr)
-	c.Register(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if err := c.Validate(); err != nil {
+	if _, err := configure(e, "provider-sim", "The simulated payment provider: its own HTTP server with its own record of charges (idempotent by operation id)\nand a fault mix. API: POST /v1/charges, GET /v1/charges/{operation_id}; admin: GET /charges,\nPOST /admin/next {\"behaviours\":[\"decline\"|\"timeout_after_charge\"|\"slow\"|\"down\"|\"succeed\"]},\nPOST /admin/inquiry {\"mode\":\"answer\"|\"unknown\"|\"down\",\"operation_id\":optional}.", &c, args, nil); err != nil {
 		return err
 	}
 	log := newLogger(e.stderr, c.LogLevel)

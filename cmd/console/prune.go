@@ -14,18 +14,10 @@ import (
 
 func runPrune(ctx context.Context, e env, args []string) error {
 	var c config.Prune
-	f := config.NewFlags("prune", "One pruning pass: deletes published outbox events and processed inbox message ids\n"+
+	if _, err := configure(e, "prune", "One pruning pass: deletes published outbox events and processed inbox message ids\n"+
 		"past their retention, and console refusal-log rows older than 7 days, in batches of at most\n"+
 		"PRUNE_BATCH_SIZE rows per statement.\n"+
-		"Pending and dead outbox events are never deleted. Run it from cron.", e.lookup, e.stderr)
-	c.Register(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if rest := f.Args(); len(rest) > 0 {
-		return &config.UsageError{Err: fmt.Errorf("unexpected arguments: %v", rest)}
-	}
-	if err := c.Validate(); err != nil {
+		"Pending and dead outbox events are never deleted. Run it from cron.", &c, args, nil); err != nil {
 		return err
 	}
 	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)

@@ -22,15 +22,7 @@ import (
 
 func runRelay(ctx context.Context, e env, args []string) error {
 	var c config.Relay
-	f := config.NewFlags("relay", "Outbox relay worker: claims pending events (FOR UPDATE SKIP LOCKED, under a lease),\npublishes them to the broker, marks them published. Run as many as you like, on as many hosts as you like.\nStops cleanly on SIGINT/SIGTERM.", e.lookup, e.stderr)
-	c.Register(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if rest := f.Args(); len(rest) > 0 {
-		return &config.UsageError{Err: fmt.Errorf("unexpected arguments: %v", rest)}
-	}
-	if err := c.Validate(); err != nil {
+	if _, err := configure(e, "relay", "Outbox relay worker: claims pending events (FOR UPDATE SKIP LOCKED, under a lease),\npublishes them to the broker, marks them published. Run as many as you like, on as many hosts as you like.\nStops cleanly on SIGINT/SIGTERM.", &c, args, nil); err != nil {
 		return err
 	}
 	log := newLogger(e.stderr, c.LogLevel)

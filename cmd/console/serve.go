@@ -13,17 +13,8 @@ import (
 
 func runServe(ctx context.Context, e env, args []string) error {
 	var c config.Console
-	f := config.NewFlags("serve", "The web console: OIDC sign-in and the live dashboard.", e.lookup, e.stderr)
-	config.RegisterConsole(f, &c)
-	var anchors anchoring
-	anchors.register(f)
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if err := c.Validate(); err != nil {
-		return err
-	}
-	if err := anchors.validate(e); err != nil {
+	anchors := anchoring{lookup: e.lookup}
+	if _, err := configure(e, "serve", "The web console: OIDC sign-in and the live dashboard.", both{&c, &anchors}, args, nil); err != nil {
 		return err
 	}
 	roleMap, err := auth.ParseRoleMap(c.RoleMap)

@@ -18,10 +18,8 @@ var (
 )
 
 func runVersion(ctx context.Context, e env, args []string) error {
-	var dbURL string
-	f := config.NewFlags("version", "Print the version, the commit and the schema version this binary ships\n(and, with DATABASE_URL, the schema version of the database).", e.lookup, e.stderr)
-	f.String(&dbURL, "database-url", "DATABASE_URL", "", "optional: also report the database's schema version")
-	if err := f.Parse(args); err != nil {
+	var cfg config.Version
+	if _, err := configure(e, "version", "Print the version, the commit and the schema version this binary ships\n(and, with DATABASE_URL, the schema version of the database).", &cfg, args, nil); err != nil {
 		return err
 	}
 	c := commit
@@ -38,8 +36,8 @@ func runVersion(ctx context.Context, e env, args []string) error {
 		c = "unknown"
 	}
 	fmt.Fprintf(e.stdout, "console %s\ncommit %s\nschema %d\n", version, c, db.LatestVersion())
-	if dbURL != "" {
-		pool, err := db.Open(ctx, dbURL)
+	if cfg.DatabaseURL != "" {
+		pool, err := db.Open(ctx, cfg.DatabaseURL)
 		if err != nil {
 			return err
 		}

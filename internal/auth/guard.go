@@ -37,16 +37,31 @@ func NewCookieSpec(publicURL string) (CookieSpec, error) {
 	case "https":
 		return CookieSpec{Session: "__Host-sluice", Login: "__Host-sluice-login", Secure: true}, nil
 	case "http":
-		if !isLoopback(u.Hostname()) {
-			return CookieSpec{}, fmt.Errorf("CONSOLE_PUBLIC_URL: plain http is only allowed on loopback (got %q); use https", u.Host)
+		if err := CheckPlainHTTPOnLoopback("CONSOLE_PUBLIC_URL", publicURL); err != nil {
+			return CookieSpec{}, err
 		}
 		return CookieSpec{Session: "sluice_session", Login: "sluice_login"}, nil
 	}
 	return CookieSpec{}, fmt.Errorf("CONSOLE_PUBLIC_URL: scheme %q is not http or https", u.Scheme)
 }
 
-func isLoopback(host string) bool {
-	if host == "localhost" {
+// CheckPlainHTTPOnLoopback is the one loopback rule, for every URL the
+// console's sign-in trusts (CONSOLE_PUBLIC_URL, OIDC_ISSUER): plain http is
+// allowed only on a loopback host (localhost, 127.0.0.0/8, ::1), where no
+// network sits between browser and console; anywhere else it must be https,
+// or session cookies and tokens would cross the network in the clear. It
+// says nothing about other schemes or malformed URLs: the caller's form
+// check reports those. The error names env.
+func CheckPlainHTTPOnLoopback(env, rawURL string) error {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "http" || loopbackHost(u.Hostname()) {
+		return nil
+	}
+	return fmt.Errorf("%s: plain http is only allowed on loopback (got %q); use https", env, u.Host)
+}
+
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
 		return true
 	}
 	ip := net.ParseIP(host)

@@ -70,19 +70,27 @@ type RP struct {
 	clientCtx  context.Context // carries the HTTP client for token and key requests
 }
 
+// Defaults of RPConfig, applied to zero fields; `console serve` shows the
+// ones it has flags for (OIDC_ROLES_CLAIM, CONSOLE_LOGIN_PENDING_MAX).
+const (
+	DefaultRolesClaim       = "groups"
+	DefaultLoginTTL         = 10 * time.Minute
+	DefaultMaxPendingLogins = 10000
+)
+
 // NewRP discovers the provider (issuer must match its discovery document).
 func NewRP(ctx context.Context, cfg RPConfig, pool *pgxpool.Pool, sessions *Sessions) (*RP, error) {
 	if cfg.RolesClaim == "" {
-		cfg.RolesClaim = "groups"
+		cfg.RolesClaim = DefaultRolesClaim
 	}
 	if cfg.LoginTTL <= 0 {
-		cfg.LoginTTL = 10 * time.Minute
+		cfg.LoginTTL = DefaultLoginTTL
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	if cfg.MaxPendingLogins <= 0 {
-		cfg.MaxPendingLogins = 10000
+		cfg.MaxPendingLogins = DefaultMaxPendingLogins
 	}
 	if len(cfg.RoleMap) == 0 {
 		return nil, errors.New("auth: empty role map")

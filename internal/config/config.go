@@ -188,7 +188,16 @@ func (c *Check) Failf(format string, args ...any) {
 	c.errs = append(c.errs, fmt.Errorf(format, args...))
 }
 
-// Err is the first problem, or nil.
+// Add records err, if any (a check owned by another package, whose message
+// already names the variable).
+func (c *Check) Add(err error) {
+	if err != nil {
+		c.errs = append(c.errs, err)
+	}
+}
+
+// Err is the first problem, or nil. Checks run in a fixed order (never over
+// a map), so the same input always reports the same first problem.
 func (c *Check) Err() error {
 	if len(c.errs) == 0 {
 		return nil
@@ -227,22 +236,25 @@ func (c *Check) Addr(env, v string) {
 	}
 }
 
-// URL fails when v is not an absolute URL with one of the schemes.
-func (c *Check) URL(env, v string, schemes ...string) {
+// URL fails when v is not an absolute URL with one of the schemes; empty
+// passes (Required says whether it may be). It reports whether v is such a
+// URL, so checks of its parts can follow.
+func (c *Check) URL(env, v string, schemes ...string) bool {
 	if v == "" {
-		return
+		return false
 	}
 	u, err := url.Parse(v)
 	if err != nil || u.Host == "" {
 		c.Failf("%s: %q is not an absolute URL", env, v)
-		return
+		return false
 	}
 	for _, s := range schemes {
 		if u.Scheme == s {
-			return
+			return true
 		}
 	}
 	c.Failf("%s: scheme %q is not one of %s", env, u.Scheme, strings.Join(schemes, ", "))
+	return false
 }
 
 // DatabaseURL fails when v is not a PostgreSQL URL or keyword/value string.

@@ -8,9 +8,19 @@ import (
 	"time"
 )
 
+func parseDemo(args []string, lookup Lookup) (Demo, error) {
+	var c Demo
+	f := NewFlags("demo", "", lookup, io.Discard)
+	c.Register(f)
+	if err := f.Parse(args); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
 func TestFlagWinsOverEnvironment(t *testing.T) {
 	t.Parallel()
-	c, err := ParseDemo([]string{"--relays", "3"}, MapLookup(map[string]string{"DEMO_RELAYS": "7", "DEMO_STATUS_EVERY": "2s"}), io.Discard)
+	c, err := parseDemo([]string{"--relays", "3"}, MapLookup(map[string]string{"DEMO_RELAYS": "7", "DEMO_STATUS_EVERY": "2s"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,9 +45,11 @@ func TestMalformedSettingNamesTheVariable(t *testing.T) {
 		"DATABASE_URL":       {"DATABASE_URL": "mysql://x@127.0.0.1/db"},
 		"LOG_LEVEL":          {"LOG_LEVEL": "loud"},
 		"CONSOLE_PUBLIC_URL": {"CONSOLE_PUBLIC_URL": "not a url"},
+		// The loopback rule holds for the demo as for serve, before anything starts.
+		"CONSOLE_PUBLIC_URL: plain http": {"CONSOLE_PUBLIC_URL": "http://console.example.com"},
 	}
 	for want, env := range cases {
-		_, err := ParseDemo(nil, MapLookup(env), io.Discard)
+		_, err := parseDemo(nil, MapLookup(env))
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("env %v: err = %v, want one naming %s", env, err, want)
 		}
@@ -46,12 +58,12 @@ func TestMalformedSettingNamesTheVariable(t *testing.T) {
 
 func TestBadFlagIsAUsageError(t *testing.T) {
 	t.Parallel()
-	_, err := ParseDemo([]string{"--no-such-flag"}, MapLookup(nil), io.Discard)
+	_, err := parseDemo([]string{"--no-such-flag"}, MapLookup(nil))
 	var uerr *UsageError
 	if !errors.As(err, &uerr) {
 		t.Fatalf("err = %v, want a UsageError", err)
 	}
-	_, err = ParseDemo([]string{"--help"}, MapLookup(nil), io.Discard)
+	_, err = parseDemo([]string{"--help"}, MapLookup(nil))
 	if !errors.Is(err, ErrHelp) {
 		t.Fatalf("--help: err = %v, want ErrHelp", err)
 	}

@@ -1,11 +1,13 @@
 package config
 
 import (
-	"net"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/web"
 )
 
 // Console is the configuration of `console serve`.
@@ -32,28 +34,29 @@ type Console struct {
 	LoginPending      int
 }
 
-// RegisterConsole adds the console's flags.
-func RegisterConsole(f *Flags, c *Console) {
-	RegisterCommon(f, &c.Common)
-	f.String(&c.Addr, "addr", "CONSOLE_ADDR", "127.0.0.1:8080", "console listen address")
-	f.String(&c.PublicURL, "public-url", "CONSOLE_PUBLIC_URL", "http://127.0.0.1:8080", "external URL: the OIDC redirect URI and the websocket Origin allowlist derive from it")
+// Register adds the console's flags; their defaults are the ones web.New,
+// live.New and auth.NewRP apply to zero fields.
+func (c *Console) Register(f *Flags) {
+	c.Common.register(f)
+	f.String(&c.Addr, "addr", "CONSOLE_ADDR", DefaultConsoleAddr, "console listen address")
+	f.String(&c.PublicURL, "public-url", "CONSOLE_PUBLIC_URL", "http://"+DefaultConsoleAddr, "external URL: the OIDC redirect URI and the websocket Origin allowlist derive from it")
 	f.String(&c.MetricsAddr, "metrics-addr", "METRICS_ADDR", "", "separate listener for /metrics (empty: served on CONSOLE_ADDR)")
 	f.String(&c.OIDCIssuer, "oidc-issuer", "OIDC_ISSUER", "", "OpenID Provider issuer URL")
 	f.String(&c.OIDCClientID, "oidc-client-id", "OIDC_CLIENT_ID", "", "OIDC client id")
 	f.String(&c.OIDCClientSecret, "oidc-client-secret", "OIDC_CLIENT_SECRET", "", "OIDC client secret")
-	f.String(&c.RolesClaim, "oidc-roles-claim", "OIDC_ROLES_CLAIM", "groups", "ID token claim that carries group or role names")
+	f.String(&c.RolesClaim, "oidc-roles-claim", "OIDC_ROLES_CLAIM", auth.DefaultRolesClaim, "ID token claim that carries group or role names")
 	f.String(&c.RoleMap, "role-map", "CONSOLE_ROLE_MAP", "", "group:role,... (roles: viewer, operator, auditor, admin)")
-	f.Duration(&c.SessionLifetime, "session-lifetime", "CONSOLE_SESSION_LIFETIME", 12*time.Hour, "absolute session lifetime")
-	f.Duration(&c.SessionIdle, "session-idle", "CONSOLE_SESSION_IDLE", 30*time.Minute, "session idle timeout")
-	f.Duration(&c.Tick, "live-tick", "CONSOLE_LIVE_TICK", time.Second, "dashboard snapshot interval")
+	f.Duration(&c.SessionLifetime, "session-lifetime", "CONSOLE_SESSION_LIFETIME", web.DefaultSessionLifetime, "absolute session lifetime")
+	f.Duration(&c.SessionIdle, "session-idle", "CONSOLE_SESSION_IDLE", web.DefaultSessionIdle, "session idle timeout")
+	f.Duration(&c.Tick, "live-tick", "CONSOLE_LIVE_TICK", live.DefaultInterval, "dashboard snapshot interval")
 	f.String(&c.OIDCScopes, "oidc-scopes", "OIDC_SCOPES", "", "scopes to request, space-separated, used as given (empty: openid, plus profile, email, groups and offline_access when the provider lists them)")
-	f.Duration(&c.RoleRecheck, "role-recheck", "CONSOLE_ROLE_RECHECK", 5*time.Minute, "how often a session's roles are re-read from the provider (refresh token); a session whose roles are gone ends")
-	f.Duration(&c.ReadHeaderTimeout, "read-header-timeout", "CONSOLE_READ_HEADER_TIMEOUT", 10*time.Second, "time a client has to send a request's headers")
-	f.Duration(&c.ReadTimeout, "read-timeout", "CONSOLE_READ_TIMEOUT", 30*time.Second, "time a client has to send a request's body")
-	f.Duration(&c.IdleTimeout, "idle-timeout", "CONSOLE_IDLE_TIMEOUT", 2*time.Minute, "a kept-alive connection without a request is closed after this")
-	f.Int(&c.WSPerSession, "ws-per-session", "CONSOLE_WS_PER_SESSION", 8, "open websockets allowed per session; one more is refused with 429")
-	f.Int(&c.LoginRate, "login-rate", "CONSOLE_LOGIN_RATE", 60, "sign-in requests (/login, /auth/callback) allowed per client IP per minute")
-	f.Int(&c.LoginPending, "login-pending-max", "CONSOLE_LOGIN_PENDING_MAX", 10000, "unexpired pending sign-ins allowed in all")
+	f.Duration(&c.RoleRecheck, "role-recheck", "CONSOLE_ROLE_RECHECK", web.DefaultRoleRecheck, "how often a session's roles are re-read from the provider (refresh token); a session whose roles are gone ends")
+	f.Duration(&c.ReadHeaderTimeout, "read-header-timeout", "CONSOLE_READ_HEADER_TIMEOUT", web.DefaultReadHeaderTimeout, "time a client has to send a request's headers")
+	f.Duration(&c.ReadTimeout, "read-timeout", "CONSOLE_READ_TIMEOUT", web.DefaultReadTimeout, "time a client has to send a request's body")
+	f.Duration(&c.IdleTimeout, "idle-timeout", "CONSOLE_IDLE_TIMEOUT", web.DefaultIdleTimeout, "a kept-alive connection without a request is closed after this")
+	f.Int(&c.WSPerSession, "ws-per-session", "CONSOLE_WS_PER_SESSION", web.DefaultWSPerSession, "open websockets allowed per session; one more is refused with 429")
+	f.Int(&c.LoginRate, "login-rate", "CONSOLE_LOGIN_RATE", web.DefaultLoginRate, "sign-in requests (/login, /auth/callback) allowed per client IP per minute")
+	f.Int(&c.LoginPending, "login-pending-max", "CONSOLE_LOGIN_PENDING_MAX", auth.DefaultMaxPendingLogins, "unexpired pending sign-ins allowed in all")
 }
 
 // Scopes splits OIDC_SCOPES (spaces or commas); nil when unset.
@@ -65,22 +68,14 @@ func (c *Console) Scopes() []string {
 // by internal/auth when it is parsed).
 func (c *Console) Validate() error {
 	var ck Check
-	c.Common.Validate(&ck)
+	c.Common.check(&ck)
 	ck.Required("CONSOLE_ADDR", c.Addr)
 	ck.Addr("CONSOLE_ADDR", c.Addr)
 	ck.Addr("METRICS_ADDR", c.MetricsAddr)
-	ck.Required("CONSOLE_PUBLIC_URL", c.PublicURL)
-	ck.URL("CONSOLE_PUBLIC_URL", c.PublicURL, "http", "https")
-	if u, err := url.Parse(c.PublicURL); err == nil && u.Scheme == "http" && !loopbackHost(u.Hostname()) {
-		ck.Failf("CONSOLE_PUBLIC_URL: plain http is only allowed on loopback (got %q); use https", u.Host)
-	}
-	if u, err := url.Parse(c.PublicURL); err == nil && (u.Path != "" && u.Path != "/" || u.RawQuery != "") {
-		ck.Failf("CONSOLE_PUBLIC_URL: must be an origin without a path (got %q)", c.PublicURL)
-	}
+	checkPublicURL(&ck, c.PublicURL)
 	ck.Required("OIDC_ISSUER", c.OIDCIssuer)
-	ck.URL("OIDC_ISSUER", c.OIDCIssuer, "https", "http")
-	if u, err := url.Parse(c.OIDCIssuer); err == nil && u.Scheme == "http" && !loopbackHost(u.Hostname()) {
-		ck.Failf("OIDC_ISSUER: plain http is only allowed on loopback (got %q); use https", u.Host)
+	if ck.URL("OIDC_ISSUER", c.OIDCIssuer, "https", "http") {
+		ck.Add(auth.CheckPlainHTTPOnLoopback("OIDC_ISSUER", c.OIDCIssuer))
 	}
 	ck.Required("OIDC_CLIENT_ID", c.OIDCClientID)
 	ck.Required("OIDC_CLIENT_SECRET", c.OIDCClientSecret)
@@ -117,12 +112,4 @@ func validScope(s string) bool {
 		}
 	}
 	return s != ""
-}
-
-func loopbackHost(h string) bool {
-	if strings.EqualFold(h, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(h)
-	return ip != nil && ip.IsLoopback()
 }

@@ -19,7 +19,7 @@ func parseConsole(t *testing.T, env map[string]string) (Console, error) {
 	}
 	var c Console
 	f := NewFlags("serve", "", MapLookup(base), io.Discard)
-	RegisterConsole(f, &c)
+	c.Register(f)
 	if err := f.Parse(nil); err != nil {
 		return c, err
 	}
@@ -59,5 +59,32 @@ func TestConsoleDoorSettingsNameTheVariable(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("env %v: err = %v, want one naming %s", env, err, want)
 		}
+	}
+}
+
+// The loopback rule (auth.CheckPlainHTTPOnLoopback) applies to both URLs
+// the sign-in trusts, for serve and for the demo alike.
+func TestPlainHTTPOnlyOnLoopback(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		env  map[string]string
+		want string // "" = accepted
+	}{
+		{map[string]string{"CONSOLE_PUBLIC_URL": "http://LOCALHOST:8080"}, ""},
+		{map[string]string{"CONSOLE_PUBLIC_URL": "http://[::1]:8080", "OIDC_ISSUER": "http://127.0.0.2:9000"}, ""},
+		{map[string]string{"CONSOLE_PUBLIC_URL": "https://console.example.com"}, ""},
+		{map[string]string{"CONSOLE_PUBLIC_URL": "http://console.example.com"}, "CONSOLE_PUBLIC_URL: plain http is only allowed on loopback"},
+		{map[string]string{"OIDC_ISSUER": "http://idp.example.com"}, "OIDC_ISSUER: plain http is only allowed on loopback"},
+	} {
+		_, err := parseConsole(t, tc.env)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("serve %v: %v, want accepted", tc.env, err)
+		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)):
+			t.Errorf("serve %v: %v, want %q", tc.env, err, tc.want)
+		}
+	}
+	if _, err := parseDemo([]string{"--console-addr", "0.0.0.0:8080"}, MapLookup(nil)); err == nil || !strings.Contains(err.Error(), "CONSOLE_PUBLIC_URL: plain http") {
+		t.Errorf("demo on all interfaces without an https public URL: %v", err)
 	}
 }

@@ -3,17 +3,18 @@ package config
 // Merchants configures `console merchants …`: the payments API's merchants,
 // their accounts and their API keys.
 type Merchants struct {
+	Verb        string // add, assign, keys or revoke: set before Register
 	DatabaseURL string
 	Name        string
 	Accounts    string // comma-separated account ids
 	NewKey      bool
 }
 
-// Register adds the flags of one verb: name (add), accounts (add,
-// assign) and new (keys) only where they mean something.
-func (c *Merchants) Register(f *Flags, verb string) {
-	f.String(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL ≥ 15 connection URL")
-	switch verb {
+// Register adds the flags of c.Verb: name (add), accounts (add, assign)
+// and new (keys) only where they mean something.
+func (c *Merchants) Register(f *Flags) {
+	registerDatabaseURL(f, &c.DatabaseURL, "PostgreSQL ≥ 15 connection URL")
+	switch c.Verb {
 	case "add":
 		f.String(&c.Name, "name", "", "", "display name of the merchant")
 		f.String(&c.Accounts, "account", "", "", "comma-separated ids of existing accounts to give the merchant (accounts owned by another merchant are refused)")

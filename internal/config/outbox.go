@@ -1,10 +1,14 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/inbox"
+	"github.com/sluice-dev/sluice/internal/outbox"
 )
 
 // Broker names the message broker (relay, consume).
@@ -13,14 +17,12 @@ type Broker struct {
 	Namespace string // BROKER_NAMESPACE: NATS subject prefix and stream / RabbitMQ exchange
 }
 
-// RegisterBroker adds the broker flags.
-func RegisterBroker(f *Flags, b *Broker) {
+func (b *Broker) register(f *Flags) {
 	f.String(&b.URL, "broker-url", "BROKER_URL", "", "nats://host:4222 (NATS JetStream) or amqp://user:pass@host:5672/ (RabbitMQ)")
-	f.String(&b.Namespace, "broker-namespace", "BROKER_NAMESPACE", "sluice", "NATS subject prefix and stream name / RabbitMQ exchange name")
+	f.String(&b.Namespace, "broker-namespace", "BROKER_NAMESPACE", broker.DefaultNamespace, "NATS subject prefix and stream name / RabbitMQ exchange name")
 }
 
-// Validate checks the broker settings.
-func (b *Broker) Validate(ck *Check) {
+func (b *Broker) check(ck *Check) {
 	if strings.TrimSpace(b.URL) == "" {
 		ck.Failf("BROKER_URL is required (nats://… for NATS JetStream or amqp://… for RabbitMQ)")
 	} else {
@@ -48,24 +50,24 @@ type Relay struct {
 
 // Register adds the relay's flags.
 func (c *Relay) Register(f *Flags) {
-	RegisterCommon(f, &c.Common)
-	RegisterBroker(f, &c.Broker)
+	c.Common.register(f)
+	c.Broker.register(f)
 	f.String(&c.MetricsAddr, "metrics-addr", "METRICS_ADDR", "", "serve /metrics on this host:port (empty: no metrics listener)")
-	f.Int(&c.BatchSize, "batch-size", "RELAY_BATCH_SIZE", 100, "events claimed per statement")
-	f.Duration(&c.Lease, "lease", "RELAY_LEASE", 30*time.Second, "how long a claim is held before another relay may take it over")
-	f.Duration(&c.PollInterval, "poll-interval", "RELAY_POLL_INTERVAL", time.Second, "longest idle sleep between claims (LISTEN/NOTIFY wakes the relay earlier)")
-	f.Int(&c.MaxAttempts, "max-attempts", "RELAY_MAX_ATTEMPTS", 10, "failed publish attempts before an event goes dead")
-	f.Duration(&c.BackoffBase, "backoff-base", "RELAY_BACKOFF_BASE", time.Second, "delay after the first failed attempt (doubles per attempt, jittered)")
-	f.Duration(&c.BackoffCap, "backoff-cap", "RELAY_BACKOFF_CAP", 5*time.Minute, "largest delay between attempts")
+	f.Int(&c.BatchSize, "batch-size", "RELAY_BATCH_SIZE", outbox.DefaultBatchSize, "events claimed per statement")
+	f.Duration(&c.Lease, "lease", "RELAY_LEASE", outbox.DefaultLease, "how long a claim is held before another relay may take it over")
+	f.Duration(&c.PollInterval, "poll-interval", "RELAY_POLL_INTERVAL", outbox.DefaultPollInterval, "longest idle sleep between claims (LISTEN/NOTIFY wakes the relay earlier)")
+	f.Int(&c.MaxAttempts, "max-attempts", "RELAY_MAX_ATTEMPTS", outbox.DefaultMaxAttempts, "failed publish attempts before an event goes dead")
+	f.Duration(&c.BackoffBase, "backoff-base", "RELAY_BACKOFF_BASE", outbox.DefaultBackoffBase, "delay after the first failed attempt (doubles per attempt, jittered)")
+	f.Duration(&c.BackoffCap, "backoff-cap", "RELAY_BACKOFF_CAP", outbox.DefaultBackoffCap, "largest delay between attempts")
 	f.Bool(&c.Ordering, "ordering", "RELAY_ORDERING", true, "hold an event back while an earlier event of its aggregate is pending")
-	f.Int(&c.PublishConcurrency, "publish-concurrency", "RELAY_PUBLISH_CONCURRENCY", 8, "aggregates published in parallel within a batch")
+	f.Int(&c.PublishConcurrency, "publish-concurrency", "RELAY_PUBLISH_CONCURRENCY", outbox.DefaultPublishConcurrency, "aggregates published in parallel within a batch")
 }
 
 // Validate checks the relay's settings.
 func (c *Relay) Validate() error {
 	var ck Check
-	c.Common.Validate(&ck)
-	c.Broker.Validate(&ck)
+	c.Common.check(&ck)
+	c.Broker.check(&ck)
 	ck.Addr("METRICS_ADDR", c.MetricsAddr)
 	ck.Positive("RELAY_BATCH_SIZE", c.BatchSize)
 	if c.BatchSize > 10000 {
@@ -96,8 +98,8 @@ type Consume struct {
 
 // Register adds the consumer's flags.
 func (c *Consume) Register(f *Flags) {
-	RegisterCommon(f, &c.Common)
-	RegisterBroker(f, &c.Broker)
+	c.Common.register(f)
+	c.Broker.register(f)
 	f.String(&c.MetricsAddr, "metrics-addr", "METRICS_ADDR", "", "serve /metrics on this host:port (empty: no metrics listener)")
 	f.String(&c.Consumer, "consumer", "CONSUMER_NAME", "reference", "durable subscription and inbox consumer name (A-Z, a-z, 0-9, _ and -)")
 }
@@ -105,8 +107,8 @@ func (c *Consume) Register(f *Flags) {
 // Validate checks the consumer's settings.
 func (c *Consume) Validate() error {
 	var ck Check
-	c.Common.Validate(&ck)
-	c.Broker.Validate(&ck)
+	c.Common.check(&ck)
+	c.Broker.check(&ck)
 	ck.Addr("METRICS_ADDR", c.MetricsAddr)
 	if !validConsumerName(c.Consumer) {
 		ck.Failf("CONSUMER_NAME: %q must be 1–64 of A-Z, a-z, 0-9, _ and -", c.Consumer)
@@ -136,16 +138,16 @@ type Prune struct {
 
 // Register adds the pruning flags.
 func (c *Prune) Register(f *Flags) {
-	RegisterCommon(f, &c.Common)
-	f.Duration(&c.OutboxRetention, "outbox-retention", "OUTBOX_RETENTION", 7*24*time.Hour, "keep published outbox events this long")
-	f.Duration(&c.InboxRetention, "inbox-retention", "INBOX_RETENTION", 7*24*time.Hour, "keep processed inbox message ids this long (must exceed the longest redelivery delay)")
-	f.Int(&c.BatchSize, "batch-size", "PRUNE_BATCH_SIZE", 1000, "rows deleted per statement (at most 5000)")
+	c.Common.register(f)
+	f.Duration(&c.OutboxRetention, "outbox-retention", "OUTBOX_RETENTION", outbox.DefaultRetention, "keep published outbox events this long")
+	f.Duration(&c.InboxRetention, "inbox-retention", "INBOX_RETENTION", inbox.DefaultRetention, "keep processed inbox message ids this long (must exceed the longest redelivery delay)")
+	f.Int(&c.BatchSize, "batch-size", "PRUNE_BATCH_SIZE", db.DefaultDeleteBatch, fmt.Sprintf("rows deleted per statement (at most %d)", db.MaxDeleteBatch))
 }
 
 // Validate checks the pruning settings.
 func (c *Prune) Validate() error {
 	var ck Check
-	c.Common.Validate(&ck)
+	c.Common.check(&ck)
 	ck.PositiveDuration("OUTBOX_RETENTION", c.OutboxRetention)
 	ck.PositiveDuration("INBOX_RETENTION", c.InboxRetention)
 	ck.Positive("PRUNE_BATCH_SIZE", c.BatchSize)

@@ -5,7 +5,15 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/payments/provider"
 )
+
+// defaultPaymentsPoolSize sizes the payments service's database pool: well
+// above pgx's default (4 on a 2-core machine), so 32 concurrent clients are
+// not queued behind four connections.
+const defaultPaymentsPoolSize = 32
 
 // PaymentsAPI configures `console payments-api`: the reference payments
 // service and its recovery, reconcile and expiry workers.
@@ -31,29 +39,29 @@ type PaymentsAPI struct {
 
 // Register adds the flags (each with its environment twin).
 func (c *PaymentsAPI) Register(f *Flags) {
-	RegisterCommon(f, &c.Common)
-	f.String(&c.Addr, "addr", "PAYMENTS_API_ADDR", "127.0.0.1:8081", "listen address of the payments API (also serves /metrics)")
+	c.Common.register(f)
+	f.String(&c.Addr, "addr", "PAYMENTS_API_ADDR", DefaultPaymentsAPIAddr, "listen address of the payments API (also serves /metrics)")
 	f.String(&c.Hosts, "hosts", "PAYMENTS_API_HOSTS", "", "comma-separated Host names clients use to reach the API besides its listen address (name: any port, name:port: that port); other Host headers get 421 (DNS rebinding defence)")
 	f.String(&c.MetricsAddr, "metrics-addr", "METRICS_ADDR", "", "serve /metrics on this host:port instead of on PAYMENTS_API_ADDR")
-	f.Int(&c.PoolSize, "db-pool-size", "PAYMENTS_DB_POOL_SIZE", 32, "most database connections the service opens (each request in flight holds one for a few short statements)")
-	f.String(&c.ProviderURL, "provider-url", "PROVIDER_URL", "http://127.0.0.1:8082", "base URL of the payment provider (e.g. `console provider-sim`)")
-	f.Duration(&c.ProviderTimeout, "provider-timeout", "PROVIDER_TIMEOUT", 5*time.Second, "give up on one provider call after this long (the outcome becomes unknown)")
+	f.Int(&c.PoolSize, "db-pool-size", "PAYMENTS_DB_POOL_SIZE", defaultPaymentsPoolSize, "most database connections the service opens (each request in flight holds one for a few short statements)")
+	f.String(&c.ProviderURL, "provider-url", "PROVIDER_URL", "http://"+DefaultProviderSimAddr, "base URL of the payment provider (e.g. `console provider-sim`)")
+	f.Duration(&c.ProviderTimeout, "provider-timeout", "PROVIDER_TIMEOUT", provider.DefaultTimeout, "give up on one provider call after this long (the outcome becomes unknown)")
 	f.String(&c.PIIKeys, "pii-keys", "PII_KEYS", "", "keyring id:base64key,...; the first encrypts, all decrypt")
 	f.String(&c.PIIBlindIndexKey, "pii-blind-index-key", "PII_BLIND_INDEX_KEY", "", "base64 HMAC key (≥ 32 bytes) for blind indexes")
-	f.String(&c.Topic, "topic", "PAYMENTS_TOPIC", "sluice.payments", "outbox topic of payment.* events")
-	f.Duration(&c.Lease, "lease", "PAYMENTS_LEASE", 30*time.Second, "processing lease of a key; recovery takes over after it (must exceed PROVIDER_TIMEOUT)")
-	f.Duration(&c.RetryWindow, "retry-window", "PAYMENTS_RETRY_WINDOW", 72*time.Hour, "how long an Idempotency-Key is remembered")
-	f.Duration(&c.RecoveryInterval, "recovery-interval", "PAYMENTS_RECOVERY_INTERVAL", 5*time.Second, "how often expired leases are looked for")
-	f.Duration(&c.ReconcileInterval, "reconcile-interval", "PAYMENTS_RECONCILE_INTERVAL", 5*time.Second, "how often unknown payments due for an inquiry are inquired")
-	f.Duration(&c.InquiryBackoff, "inquiry-backoff", "PAYMENTS_INQUIRY_BACKOFF", 5*time.Second, "first wait between inquiries of one unknown payment (doubles each time)")
-	f.Duration(&c.InquiryBackoffMax, "inquiry-backoff-max", "PAYMENTS_INQUIRY_BACKOFF_MAX", 10*time.Minute, "longest wait between inquiries")
-	f.Duration(&c.ExpiryInterval, "expiry-interval", "PAYMENTS_EXPIRY_INTERVAL", time.Minute, "how often expired keys are pruned")
+	f.String(&c.Topic, "topic", "PAYMENTS_TOPIC", payments.DefaultTopic, "outbox topic of payment.* events")
+	f.Duration(&c.Lease, "lease", "PAYMENTS_LEASE", payments.DefaultLease, "processing lease of a key; recovery takes over after it (must exceed PROVIDER_TIMEOUT)")
+	f.Duration(&c.RetryWindow, "retry-window", "PAYMENTS_RETRY_WINDOW", payments.DefaultRetryWindow, "how long an Idempotency-Key is remembered")
+	f.Duration(&c.RecoveryInterval, "recovery-interval", "PAYMENTS_RECOVERY_INTERVAL", payments.DefaultRecoveryInterval, "how often expired leases are looked for")
+	f.Duration(&c.ReconcileInterval, "reconcile-interval", "PAYMENTS_RECONCILE_INTERVAL", payments.DefaultReconcileInterval, "how often unknown payments due for an inquiry are inquired")
+	f.Duration(&c.InquiryBackoff, "inquiry-backoff", "PAYMENTS_INQUIRY_BACKOFF", payments.DefaultInquiryBackoff, "first wait between inquiries of one unknown payment (doubles each time)")
+	f.Duration(&c.InquiryBackoffMax, "inquiry-backoff-max", "PAYMENTS_INQUIRY_BACKOFF_MAX", payments.DefaultInquiryBackoffMax, "longest wait between inquiries")
+	f.Duration(&c.ExpiryInterval, "expiry-interval", "PAYMENTS_EXPIRY_INTERVAL", payments.DefaultExpiryInterval, "how often expired keys are pruned")
 }
 
 // Validate checks the settings; messages name the variable.
 func (c *PaymentsAPI) Validate() error {
 	var ck Check
-	c.Common.Validate(&ck)
+	c.Common.check(&ck)
 	ck.Required("PAYMENTS_API_ADDR", c.Addr)
 	ck.Addr("PAYMENTS_API_ADDR", c.Addr)
 	ck.Addr("METRICS_ADDR", c.MetricsAddr)
@@ -75,14 +83,16 @@ func (c *PaymentsAPI) Validate() error {
 	ck.Required("PII_KEYS", c.PIIKeys)
 	ck.Required("PII_BLIND_INDEX_KEY", c.PIIBlindIndexKey)
 	ck.Required("PAYMENTS_TOPIC", c.Topic)
-	for env, d := range map[string]time.Duration{
-		"PROVIDER_TIMEOUT": c.ProviderTimeout, "PAYMENTS_LEASE": c.Lease, "PAYMENTS_RETRY_WINDOW": c.RetryWindow,
-		"PAYMENTS_RECOVERY_INTERVAL": c.RecoveryInterval, "PAYMENTS_RECONCILE_INTERVAL": c.ReconcileInterval,
-		"PAYMENTS_INQUIRY_BACKOFF": c.InquiryBackoff, "PAYMENTS_INQUIRY_BACKOFF_MAX": c.InquiryBackoffMax,
-		"PAYMENTS_EXPIRY_INTERVAL": c.ExpiryInterval,
-	} {
-		ck.PositiveDuration(env, d)
-	}
+	// In flag order, never over a map: the first problem reported must not
+	// depend on map iteration order.
+	ck.PositiveDuration("PROVIDER_TIMEOUT", c.ProviderTimeout)
+	ck.PositiveDuration("PAYMENTS_LEASE", c.Lease)
+	ck.PositiveDuration("PAYMENTS_RETRY_WINDOW", c.RetryWindow)
+	ck.PositiveDuration("PAYMENTS_RECOVERY_INTERVAL", c.RecoveryInterval)
+	ck.PositiveDuration("PAYMENTS_RECONCILE_INTERVAL", c.ReconcileInterval)
+	ck.PositiveDuration("PAYMENTS_INQUIRY_BACKOFF", c.InquiryBackoff)
+	ck.PositiveDuration("PAYMENTS_INQUIRY_BACKOFF_MAX", c.InquiryBackoffMax)
+	ck.PositiveDuration("PAYMENTS_EXPIRY_INTERVAL", c.ExpiryInterval)
 	if c.Lease > 0 && c.ProviderTimeout > 0 && c.Lease <= c.ProviderTimeout {
 		ck.Failf("PAYMENTS_LEASE (%s) must be longer than PROVIDER_TIMEOUT (%s), or recovery would take over calls still in flight", c.Lease, c.ProviderTimeout)
 	}
@@ -118,16 +128,16 @@ type ProviderSim struct {
 
 // Register adds the flags.
 func (c *ProviderSim) Register(f *Flags) {
-	f.String(&c.Addr, "addr", "PROVIDER_SIM_ADDR", "127.0.0.1:8082", "listen address of the simulated provider")
-	f.String(&c.LogLevel, "log-level", "LOG_LEVEL", "info", "debug, info, warn or error")
+	f.String(&c.Addr, "addr", "PROVIDER_SIM_ADDR", DefaultProviderSimAddr, "listen address of the simulated provider")
+	registerLogLevel(f, &c.LogLevel, defaultLogLevel, "debug, info, warn or error")
 	f.String(&c.DeclineRateText, "decline-rate", "PROVIDER_SIM_DECLINE_RATE", "0", "share of new charges declined")
 	f.String(&c.SlowRateText, "slow-rate", "PROVIDER_SIM_SLOW_RATE", "0", "share of new charges answered after --slow-delay")
 	f.String(&c.TimeoutAfterChargeRateText, "timeout-after-charge-rate", "PROVIDER_SIM_TIMEOUT_AFTER_CHARGE_RATE", "0", "share of new charges that move money and then never answer")
 	f.String(&c.DownRateText, "down-rate", "PROVIDER_SIM_DOWN_RATE", "0", "share of requests answered 503 without processing")
 	f.String(&c.InquiryUnknownRateText, "inquiry-unknown-rate", "PROVIDER_SIM_INQUIRY_UNKNOWN_RATE", "0", "share of inquiries answered \"unknown\"")
 	f.String(&c.InquiryStuckRateText, "inquiry-stuck-rate", "PROVIDER_SIM_INQUIRY_STUCK_RATE", "0", "share of operations whose inquiries always answer \"unknown\" (left to an operator)")
-	f.Duration(&c.SlowDelay, "slow-delay", "PROVIDER_SIM_SLOW_DELAY", 1500*time.Millisecond, "how long a slow charge takes")
-	f.Duration(&c.HangFor, "hang-for", "PROVIDER_SIM_HANG_FOR", 30*time.Second, "longest a timeout-after-charge holds the connection")
+	f.Duration(&c.SlowDelay, "slow-delay", "PROVIDER_SIM_SLOW_DELAY", provider.DefaultSlowDelay, "how long a slow charge takes")
+	f.Duration(&c.HangFor, "hang-for", "PROVIDER_SIM_HANG_FOR", provider.DefaultHangFor, "longest a timeout-after-charge holds the connection")
 }
 
 // Validate reads the rates and checks the settings.
@@ -135,9 +145,7 @@ func (c *ProviderSim) Validate() error {
 	var ck Check
 	ck.Required("PROVIDER_SIM_ADDR", c.Addr)
 	ck.Addr("PROVIDER_SIM_ADDR", c.Addr)
-	if _, err := ParseLevel(c.LogLevel); err != nil {
-		ck.Failf("LOG_LEVEL: %v", err)
-	}
+	checkLogLevel(&ck, c.LogLevel)
 	rate := func(env, text string, dst *float64) {
 		v, err := strconv.ParseFloat(strings.TrimSpace(text), 64)
 		if err != nil || v < 0 || v > 1 {
@@ -170,9 +178,9 @@ type PaymentsReconcile struct {
 
 // Register adds the flags.
 func (c *PaymentsReconcile) Register(f *Flags) {
-	f.String(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL ≥ 15 connection URL")
+	registerDatabaseURL(f, &c.DatabaseURL, "PostgreSQL ≥ 15 connection URL")
 	f.String(&c.File, "file", "PAYMENTS_SETTLEMENT_FILE", "", "provider settlement file: CSV operation_id,outcome[,provider_ref] (outcome succeeded|failed); - for stdin")
-	f.String(&c.Topic, "topic", "PAYMENTS_TOPIC", "sluice.payments", "outbox topic of payment.* events")
+	f.String(&c.Topic, "topic", "PAYMENTS_TOPIC", payments.DefaultTopic, "outbox topic of payment.* events")
 	f.Bool(&c.DryRun, "dry-run", "PAYMENTS_SETTLEMENT_DRY_RUN", false, "print what the file would change and change nothing")
 }
 

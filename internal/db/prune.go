@@ -11,6 +11,10 @@ import (
 // writers that share the table.
 const MaxDeleteBatch = 5000
 
+// DefaultDeleteBatch is the batch a pruner uses when nobody chose one
+// (`console prune --batch-size`).
+const DefaultDeleteBatch = 1000
+
 // DeleteInBatches is every pruner's loop. deleteSQL deletes at most $2 rows
 // older than the cutoff $1, walking an index oldest first; it runs as its
 // own statement (autocommit on a pool) until one deletes fewer than batch

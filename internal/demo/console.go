@@ -52,7 +52,7 @@ func (d *Demo) startConsole(ctx context.Context) (string, error) {
 		OIDCIssuer:       idp.Issuer(),
 		OIDCClientID:     clientID,
 		OIDCClientSecret: clientSecret,
-		RolesClaim:       "groups",
+		RolesClaim:       devoidc.RolesClaim,
 		RoleMap:          roles,
 	}, web.Deps{Pool: d.pool, Logger: d.log, Listener: ln})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -132,7 +133,7 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 		r, err := outbox.NewRelay(d.pool, poisonPublisher{Publisher: b}, outbox.RelayConfig{
 			Name:        fmt.Sprintf("relay-%d", i+1),
 			MaxAttempts: relayMaxAttempts,
-			Backoff:     outbox.Backoff{Base: time.Second, Cap: 10 * time.Second},
+			Backoff:     outbox.Backoff{Cap: 10 * time.Second},
 		}, log, d.reg)
 		if err != nil {
 			return nil, err
@@ -184,6 +185,11 @@ func (d *Demo) banner() {
 	for _, u := range devoidc.DemoUsers {
 		fmt.Fprintf(out, "  %-8s %s\n", u.Username, roleOf(u.Group))
 	}
+	dbURL, hidden := withoutPassword(d.db.URL())
+	fmt.Fprintf(out, "\nDemo database: %s\n  while the demo runs, check its audit chain with: console audit verify --database-url '%s'\n", dbURL, dbURL)
+	if hidden {
+		fmt.Fprintln(out, "  (its password is left out: give it as PGPASSWORD)")
+	}
 	fmt.Fprintf(out, `
 On purpose, so there is something to look at:
   · about 1 order event in %d is refused by the broker; after %d attempts it becomes a dead letter
@@ -198,6 +204,20 @@ Try the payments API yourself (the provider's faults apply; repeat it: same key,
 
 A status line follows every %s. Ctrl-C stops everything and removes what the demo created.
 `, poisonOneIn, relayMaxAttempts, redeliveryShare*100, d.payments.url, d.payments.apiKey, d.cfg.StatusEvery)
+}
+
+// withoutPassword is a database URL fit to print: the password, if any, is
+// left out (not masked), so the URL still works with PGPASSWORD set.
+func withoutPassword(raw string) (string, bool) {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw, false
+	}
+	if _, has := u.User.Password(); !has {
+		return raw, false
+	}
+	u.User = url.User(u.User.Username())
+	return u.String(), true
 }
 
 // goRun runs a part until the demo stops; a part that fails stops the demo.

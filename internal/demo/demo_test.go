@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -13,7 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sluice-dev/sluice/internal/audit"
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 )
 
@@ -37,12 +40,17 @@ func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return 
 func TestDemoComesAliveAndCleansUp(t *testing.T) {
 	t.Parallel()
 	server := dbtest.URL(t)
-	cfg, err := config.ParseDemo([]string{
+	var cfg config.Demo
+	f := config.NewFlags("demo", "", config.MapLookup(nil), &bytes.Buffer{})
+	cfg.Register(f)
+	if err := f.Parse([]string{
 		"--database-url", server,
 		"--console-addr", "127.0.0.1:0", "--payments-addr", "127.0.0.1:0", "--provider-addr", "127.0.0.1:0",
 		"--event-rate", "100", "--status-every", "200ms",
-	}, config.MapLookup(nil), &bytes.Buffer{})
-	if err != nil {
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	var out syncBuffer
@@ -75,6 +83,7 @@ func TestDemoComesAliveAndCleansUp(t *testing.T) {
 	req.Header.Set("Accept", "text/html")
 	home, perr := client.Do(req)
 	tryBannerExample(t, out.String())
+	verifyBannerDatabase(t, out.String(), server)
 	stop()
 	if herr != nil || health.StatusCode != http.StatusOK {
 		t.Errorf("console /healthz: %v %v", herr, health)
@@ -165,5 +174,64 @@ func tryBannerExample(t *testing.T, banner string) {
 	}
 	if second.StatusCode != first.StatusCode || second.Header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("banner example repeated: %s, Idempotent-Replayed %q; want %s replayed", second.Status, second.Header.Get("Idempotent-Replayed"), first.Status)
+	}
+}
+
+// bannerDatabase finds the demo database the banner names.
+var bannerDatabase = regexp.MustCompile(`Demo database: (\S+)\n\s+while the demo runs, check its audit chain with: console audit verify --database-url '(\S+)'`)
+
+// verifyBannerDatabase does what the banner suggests: it points the audit
+// check at the printed URL (which must hold no password), as `console audit
+// verify --database-url` would.
+func verifyBannerDatabase(t *testing.T, banner, server string) {
+	t.Helper()
+	m := bannerDatabase.FindStringSubmatch(banner)
+	if m == nil || m[1] != m[2] {
+		t.Errorf("the banner names no database URL for `console audit verify`:\n%s", banner)
+		return
+	}
+	c := config.Database{DatabaseURL: m[1]}
+	if err := c.Validate(); err != nil {
+		t.Errorf("banner database URL: %v", err)
+		return
+	}
+	u, err := url.Parse(m[1])
+	if err != nil {
+		t.Errorf("banner database URL: %v", err)
+		return
+	}
+	if _, has := u.User.Password(); has {
+		t.Errorf("the banner prints a password: %s", m[1])
+	}
+	// The banner asks for the password as PGPASSWORD; the test gives it
+	// back in the URL instead (no os.Setenv in a parallel test).
+	if s, err := url.Parse(server); err == nil && s.User != nil {
+		if p, has := s.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), p)
+		}
+	}
+	ctx := context.Background()
+	pool, err := db.Open(ctx, u.String())
+	if err != nil {
+		t.Errorf("open the banner's database: %v", err)
+		return
+	}
+	defer pool.Close()
+	res, err := audit.Verify(ctx, pool)
+	if err != nil || !res.Intact() {
+		t.Errorf("audit verify on the banner's database: %+v %v", res, err)
+	}
+}
+
+func TestWithoutPassword(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://app:s3cret@db.example:5432/sluice_demo_1?sslmode=require": "postgres://app@db.example:5432/sluice_demo_1?sslmode=require",
+		"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable":         "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+	} {
+		got, hidden := withoutPassword(in)
+		if got != want || hidden != (in != want) {
+			t.Errorf("withoutPassword(%q) = %q, %v; want %q", in, got, hidden, want)
+		}
 	}
 }

@@ -10,7 +10,10 @@ import (
 
 	"github.com/shopspring/decimal"
 
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/payments/paymentsapi"
+	"github.com/sluice-dev/sluice/internal/payments/paymentsload"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
 	"github.com/sluice-dev/sluice/internal/pii"
 )
@@ -37,11 +40,12 @@ const (
 )
 
 type paymentsPart struct {
+	pool     db.RowQuerier
 	sim      *provider.Simulator
 	svc      *payments.Service
 	srv      *http.Server
 	url      string
-	workload *payments.Workload
+	workload *paymentsload.Workload
 	apiKey   string // the demo merchant's key, shown in the banner's example
 }
 
@@ -57,7 +61,7 @@ func (d *Demo) startPayments(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p := &paymentsPart{}
+	p := &paymentsPart{pool: d.pool}
 	d.payments = p
 	faults := demoFaults
 	faults.Logger = d.log
@@ -71,6 +75,7 @@ func (d *Demo) startPayments(ctx context.Context) error {
 		ReconcileInterval: 3 * time.Second,
 		InquiryBackoff:    5 * time.Second,
 		InquiryBackoffMax: time.Minute,
+		Poker:             d.notifier, // relays publish payment.* events at once
 	}, d.log, d.reg)
 	if err != nil {
 		return err
@@ -80,7 +85,12 @@ func (d *Demo) startPayments(ctx context.Context) error {
 		return fmt.Errorf("PAYMENTS_API_ADDR %s: %w", d.cfg.PaymentsAddr, err)
 	}
 	p.url = "http://" + ln.Addr().String()
-	p.srv = &http.Server{Handler: p.svc.Handler(payments.AllowedHosts(ln.Addr().String(), nil)), ReadHeaderTimeout: 5 * time.Second}
+	api, err := paymentsapi.New(p.svc, paymentsapi.Config{AllowedHosts: paymentsapi.AllowedHosts(ln.Addr().String(), nil), Logger: d.log, Registerer: d.reg})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	p.srv = &http.Server{Handler: api, ReadHeaderTimeout: 5 * time.Second}
 	d.goRun("payments API", func() error {
 		if err := p.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -95,10 +105,10 @@ func (d *Demo) startPayments(ctx context.Context) error {
 	}
 	// The demo's clients are one merchant that owns the accounts it pays
 	// from and authenticates with its own API key.
-	if p.apiKey, err = payments.SetupMerchant(ctx, d.pool, demoMerchant, "Demo merchant", accounts, decimal.New(50000, 0)); err != nil {
+	if p.apiKey, err = paymentsload.SetupMerchant(ctx, d.pool, demoMerchant, "Demo merchant", accounts, decimal.New(50000, 0)); err != nil {
 		return err
 	}
-	p.workload = payments.NewWorkload(payments.WorkloadConfig{
+	p.workload = paymentsload.NewWorkload(paymentsload.WorkloadConfig{
 		BaseURL:  p.url,
 		APIKey:   p.apiKey,
 		Accounts: accounts,
@@ -117,19 +127,19 @@ func (d *Demo) startPayments(ctx context.Context) error {
 
 // status is the payments part of a status line.
 func (p *paymentsPart) status(ctx context.Context) (string, error) {
-	u, err := p.svc.Unknown(ctx)
+	h, err := payments.ReadHealth(ctx, p.pool, 0)
 	if err != nil {
 		return "", err
 	}
 	w := p.workload.Stats()
 	age := "-"
-	if u.Count > 0 {
-		age = u.OldestAge.Round(time.Second).String()
+	if h.Unknown > 0 {
+		age = h.ReconcileAge.Round(time.Second).String()
 	}
 	// Same-key retries are answered from the stored result (replays);
 	// new-key retries for a paid invoice are refused by the business identity.
 	return fmt.Sprintf("payments: completed %d, declined %d, unknown now %d (oldest %s), client timeouts %d → same-key retries %d (replayed %d), new-key duplicates refused %d",
-		w.Completed, w.Declined, u.Count, age, w.Timeouts, w.Retries, w.Replays, w.DuplicateInvoice), nil
+		w.Completed, w.Declined, h.Unknown, age, w.Timeouts, w.Retries, w.Replays, w.DuplicateInvoice), nil
 }
 
 func (p *paymentsPart) close() error {

@@ -36,6 +36,15 @@ const (
 	ClosedShutdown                    // the process is stopping
 )
 
+// Defaults of Config, applied to zero fields (`console serve --live-tick`
+// shows DefaultInterval as its default).
+const (
+	DefaultInterval     = time.Second
+	DefaultMinInterval  = 250 * time.Millisecond
+	DefaultHistory      = time.Hour
+	DefaultClientBuffer = 8
+)
+
 // Config of a feed.
 type Config struct {
 	Interval     time.Duration // tick (default 1s)
@@ -95,16 +104,16 @@ type Feed struct {
 // pool a dedicated LISTEN connection is taken from.
 func New(q Querier, listen *pgxpool.Pool, cfg Config) *Feed {
 	if cfg.Interval <= 0 {
-		cfg.Interval = time.Second
+		cfg.Interval = DefaultInterval
 	}
 	if cfg.MinInterval <= 0 {
-		cfg.MinInterval = 250 * time.Millisecond
+		cfg.MinInterval = DefaultMinInterval
 	}
 	if cfg.History <= 0 {
-		cfg.History = time.Hour
+		cfg.History = DefaultHistory
 	}
 	if cfg.ClientBuffer <= 0 {
-		cfg.ClientBuffer = 8
+		cfg.ClientBuffer = DefaultClientBuffer
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

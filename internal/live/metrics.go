@@ -5,8 +5,8 @@ import "github.com/prometheus/client_golang/prometheus"
 // collector exports gauges read from the same snapshot the dashboard shows:
 // a scrape never runs a query of its own.
 type collector struct {
-	f                                                         *Feed
-	backlog, oldest, dead, unknown, reconcile, stuck, clients *prometheus.Desc
+	f                                                                        *Feed
+	backlog, oldest, dead, unknown, reconcile, stuck, discrepancies, clients *prometheus.Desc
 }
 
 // Register adds the feed's gauges to reg.
@@ -20,11 +20,13 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 		reconcile: prometheus.NewDesc("sluice_payments_reconcile_age_seconds", "Age of the oldest unknown payment.", nil, nil),
 		stuck:     prometheus.NewDesc("sluice_idempotency_stuck_processing", "Processing idempotency records whose lease expired.", nil, nil),
 		clients:   prometheus.NewDesc("sluice_ws_clients", "Connected dashboard websockets.", nil, nil),
+		discrepancies: prometheus.NewDesc("sluice_payments_discrepancies",
+			"Open payment discrepancies: provider evidence contradicts our record.", nil, nil),
 	})
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.unknown, c.reconcile, c.stuck, c.clients} {
+	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients} {
 		ch <- d
 	}
 }
@@ -43,4 +45,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.unknown, prometheus.GaugeValue, float64(s.Unknown))
 	ch <- prometheus.MustNewConstMetric(c.reconcile, prometheus.GaugeValue, s.ReconcileAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.stuck, prometheus.GaugeValue, float64(s.StuckProcessing))
+	ch <- prometheus.MustNewConstMetric(c.discrepancies, prometheus.GaugeValue, float64(s.Discrepancies))
 }

@@ -16,10 +16,10 @@ type Backoff struct {
 
 func (b Backoff) withDefaults() Backoff {
 	if b.Base <= 0 {
-		b.Base = time.Second
+		b.Base = DefaultBackoffBase
 	}
 	if b.Cap <= 0 {
-		b.Cap = 5 * time.Minute
+		b.Cap = DefaultBackoffCap
 	}
 	if b.Cap < b.Base {
 		b.Cap = b.Base

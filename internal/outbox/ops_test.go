@@ -3,7 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
-	"slices"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -44,123 +44,184 @@ func newFixture(t *testing.T, pool *pgxpool.Pool) fixture {
 	return f
 }
 
-func sorted(ids []uuid.UUID) []uuid.UUID {
-	out := slices.Clone(ids)
-	slices.SortFunc(out, func(a, b uuid.UUID) int { return slices.Compare(a[:], b[:]) })
-	return out
+func mustGet(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) outbox.Row {
+	t.Helper()
+	row, err := outbox.Get(context.Background(), pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return row
 }
 
-func TestRetryAndDeadLetterAreCompareAndSet(t *testing.T) {
+// conflictOf asserts err is a ConflictError and returns it.
+func conflictOf(t *testing.T, err error) *outbox.ConflictError {
+	t.Helper()
+	var c *outbox.ConflictError
+	if !errors.Is(err, outbox.ErrConflict) || !errors.As(err, &c) {
+		t.Fatalf("err = %v, want a conflict", err)
+	}
+	return c
+}
+
+func TestOperatorActionsAreCompareAndSet(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := context.Background()
 	f := newFixture(t, pool)
-	all := []uuid.UUID{f.idle, f.inFlight, f.backingOff, f.published, f.dead, f.missing}
-	before := statusCounts(t, pool)
 
-	// DeadLetter: only pending events no relay holds.
-	changed, err := outbox.DeadLetter(ctx, pool, all, "operator: bad payload")
+	// DeadLetter: a pending event no relay holds.
+	ch, err := outbox.DeadLetter(ctx, pool, f.idle, outbox.StatusPending, "operator: bad payload")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := sorted([]uuid.UUID{f.idle, f.backingOff}); !slices.Equal(sorted(changed), want) {
-		t.Fatalf("DeadLetter changed %v, want %v", changed, want)
+	if ch.Before.Status != outbox.StatusPending || ch.After.Status != outbox.StatusDead || ch.After.DeadReason != "operator: bad payload" {
+		t.Fatalf("dead-letter change %+v", ch)
 	}
-	if un := outbox.Unchanged(all, changed); !slices.Equal(un, []uuid.UUID{f.inFlight, f.published, f.dead, f.missing}) {
-		t.Fatalf("Unchanged = %v", un)
-	}
-	row, _ := outbox.Get(ctx, pool, f.idle)
-	if row.Status != outbox.StatusDead || row.DeadReason == nil || *row.DeadReason != "operator: bad payload" || row.DeadAt == nil {
+	if row := mustGet(t, pool, f.idle); row.Status != outbox.StatusDead || row.DeadAt == nil {
 		t.Fatalf("dead-lettered row = %+v", row)
 	}
-	// Acting again on the same rows changes nothing and says so.
-	if again, err := outbox.DeadLetter(ctx, pool, []uuid.UUID{f.idle, f.published}, "again"); err != nil || len(again) != 0 {
-		t.Fatalf("second DeadLetter changed %v (%v), want nothing", again, err)
+	// In flight: refused, the lease stays, the conflict says why.
+	c := conflictOf(t, func() error {
+		_, err := outbox.DeadLetter(ctx, pool, f.inFlight, outbox.StatusPending, "x")
+		return err
+	}())
+	if c.Current.Status != outbox.StatusPending || !c.Current.InFlight {
+		t.Fatalf("conflict %+v, want pending and in flight", c.Current)
 	}
-	if _, err := outbox.DeadLetter(ctx, pool, all, ""); err == nil {
-		t.Fatal("DeadLetter without a reason succeeded")
+	if row := mustGet(t, pool, f.inFlight); row.LockedUntil == nil || row.Status != outbox.StatusPending {
+		t.Fatal("dead-letter broke a live lease")
+	}
+	if _, err := outbox.RetryNow(ctx, pool, f.inFlight, outbox.StatusPending); !errors.Is(err, outbox.ErrConflict) {
+		t.Fatalf("RetryNow of an in-flight event: %v, want a conflict", err)
+	}
+	// A stale page: the operator saw pending, the event was published since.
+	before := mustGet(t, pool, f.published)
+	c = conflictOf(t, func() error {
+		_, err := outbox.DeadLetter(ctx, pool, f.published, outbox.StatusPending, "x")
+		return err
+	}())
+	if c.Current.Status != outbox.StatusPublished || c.Expected != outbox.StatusPending {
+		t.Fatalf("conflict %+v", c)
+	}
+	if after := mustGet(t, pool, f.published); !reflect.DeepEqual(before, after) {
+		t.Fatalf("a refused action changed the row:\n%+v\n%+v", before, after)
+	}
+	if _, err := outbox.DeadLetter(ctx, pool, f.missing, outbox.StatusPending, "x"); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("missing: %v", err)
+	}
+	for _, err := range []error{
+		func() error {
+			_, err := outbox.DeadLetter(ctx, pool, f.backingOff, outbox.StatusPending, "")
+			return err
+		}(),
+		func() error { _, err := outbox.Discard(ctx, pool, f.dead, outbox.StatusDead, ""); return err }(),
+		func() error { _, err := outbox.Retry(ctx, pool, f.backingOff, outbox.StatusPending); return err }(),
+		func() error { _, err := outbox.RetryNow(ctx, pool, f.dead, outbox.StatusDead); return err }(),
+	} {
+		if !errors.Is(err, outbox.ErrInvalidAction) {
+			t.Fatalf("err = %v, want ErrInvalidAction", err)
+		}
 	}
 
-	// Retry: dead and idle pending come back now; published, in-flight and
-	// missing do not.
-	changed, err = outbox.Retry(ctx, pool, all)
+	// RetryNow clears the backoff and keeps the attempts.
+	ch, err = outbox.RetryNow(ctx, pool, f.backingOff, outbox.StatusPending)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := sorted([]uuid.UUID{f.idle, f.backingOff, f.dead}); !slices.Equal(sorted(changed), want) {
-		t.Fatalf("Retry changed %v, want %v", changed, want)
+	if !ch.After.AvailableAt.Before(ch.Before.AvailableAt) || ch.After.Attempts != 3 {
+		t.Fatalf("retry-now change %+v", ch)
 	}
-	for _, id := range changed {
-		row, _ := outbox.Get(ctx, pool, id)
-		if row.Status != outbox.StatusPending || row.Attempts != 0 || row.DeadAt != nil || row.LockedUntil != nil || row.AvailableAt.After(time.Now().Add(time.Second)) {
-			t.Fatalf("retried row = %+v", row)
-		}
+
+	// Retry: dead → pending now, attempts restart, last error kept.
+	ch, err = outbox.Retry(ctx, pool, f.dead, outbox.StatusDead)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if row, _ := outbox.Get(ctx, pool, f.dead); row.LastError == nil || *row.LastError != "rejected" {
-		t.Fatalf("retry dropped the last error history: %v", row.LastError)
+	if ch.Before.Status != outbox.StatusDead || ch.Before.Attempts != 10 || ch.After.Status != outbox.StatusPending || ch.After.Attempts != 0 {
+		t.Fatalf("retry change %+v", ch)
 	}
-	if row, _ := outbox.Get(ctx, pool, f.published); row.Status != outbox.StatusPublished {
-		t.Fatalf("published row became %s", row.Status)
+	row := mustGet(t, pool, f.dead)
+	if row.DeadAt != nil || row.DeadReason != nil || row.LockedUntil != nil || row.LastError == nil || *row.LastError != "rejected" {
+		t.Fatalf("retried row = %+v", row)
 	}
-	if row, _ := outbox.Get(ctx, pool, f.inFlight); row.LockedUntil == nil {
-		t.Fatal("retry broke a live lease")
+	if _, err := outbox.Retry(ctx, pool, f.dead, outbox.StatusDead); conflictOf(t, err).Current.Status != outbox.StatusPending {
+		t.Fatal("a second retry did not see the first")
 	}
-	if c := statusCounts(t, pool); c[outbox.StatusPublished] != before[outbox.StatusPublished] {
-		t.Fatalf("statuses %v", c)
+
+	// Discard: dead → discarded, the dead history kept beside the reason.
+	ch, err = outbox.Discard(ctx, pool, f.idle, outbox.StatusDead, "duplicate of a corrected event")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := outbox.Get(ctx, pool, f.missing); !errors.Is(err, outbox.ErrNotFound) {
-		t.Fatalf("Get(missing) = %v, want ErrNotFound", err)
+	if ch.After.Status != outbox.StatusDiscarded || ch.After.DiscardReason != "duplicate of a corrected event" || ch.After.DeadReason != "operator: bad payload" {
+		t.Fatalf("discard change %+v", ch)
+	}
+	if row := mustGet(t, pool, f.idle); row.DiscardedAt == nil || row.DeadAt == nil {
+		t.Fatalf("discarded row = %+v", row)
+	}
+	if _, err := outbox.Retry(ctx, pool, f.idle, outbox.StatusDead); conflictOf(t, err).Current.Status != outbox.StatusDiscarded {
+		t.Fatal("a discarded event was retried")
 	}
 }
 
-// Of many operators dead-lettering one event at once, exactly one changes
-// it; inside a caller's transaction the action rolls back with it.
-func TestOperatorActionsRaceAndFollowTheCallersTransaction(t *testing.T) {
+// Fifty operators retry one dead event at once, each in its own
+// transaction: exactly one succeeds, 49 get a conflict showing it pending.
+func TestConcurrentRetriesOfOneDeadEvent(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := context.Background()
-	id := bulkInsert(t, pool, "race", 1, 1)[0].ID
-
-	const operators = 12
+	f := newFixture(t, pool)
+	const operators = 50
 	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		wins int
+		wg              sync.WaitGroup
+		mu              sync.Mutex
+		wins, conflicts int
+		start           = make(chan struct{})
 	)
-	start := make(chan struct{})
 	for range operators {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			<-start
-			changed, err := outbox.DeadLetter(ctx, pool, []uuid.UUID{id}, "race")
-			if err != nil {
-				t.Error(err)
-				return
-			}
+			err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+				_, err := outbox.Retry(ctx, tx, f.dead, outbox.StatusDead)
+				return err
+			})
+			var c *outbox.ConflictError
 			mu.Lock()
-			wins += len(changed)
-			mu.Unlock()
-		}()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				wins++
+			case errors.As(err, &c) && c.Current.Status == outbox.StatusPending:
+				conflicts++
+			default:
+				t.Error(err)
+			}
+		})
 	}
 	close(start)
 	wg.Wait()
-	if wins != 1 {
-		t.Fatalf("%d operators changed the event, want exactly 1", wins)
+	if wins != 1 || conflicts != operators-1 {
+		t.Fatalf("%d succeeded, %d conflicts; want 1 and %d", wins, conflicts, operators-1)
 	}
+}
 
+// Inside a caller's transaction the action rolls back with it.
+func TestOperatorActionFollowsTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	f := newFixture(t, pool)
 	rollback := errors.New("audit insert failed")
 	err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
-		changed, err := outbox.Retry(ctx, tx, []uuid.UUID{id})
-		if err != nil || len(changed) != 1 {
-			t.Fatalf("Retry in tx changed %v (%v)", changed, err)
+		if _, err := outbox.Retry(ctx, tx, f.dead, outbox.StatusDead); err != nil {
+			t.Fatalf("Retry in tx: %v", err)
 		}
 		return rollback
 	})
 	if !errors.Is(err, rollback) {
 		t.Fatal(err)
 	}
-	if row, _ := outbox.Get(ctx, pool, id); row.Status != outbox.StatusDead {
+	if row := mustGet(t, pool, f.dead); row.Status != outbox.StatusDead {
 		t.Fatalf("status %s after the caller rolled back, want dead", row.Status)
 	}
 }
@@ -253,4 +314,30 @@ func TestNotifierWakesAnIdleRelay(t *testing.T) {
 	})
 	cancel()
 	<-done
+}
+
+// Discarded events are terminal: pruning removes them past retention, by
+// discarded_at, and leaves recent ones.
+func TestPruneRemovesOldDiscardedEvents(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	bulkInsert(t, pool, "pd", 10, 1)
+	now := time.Now()
+	_, err := pool.Exec(ctx, `
+		WITH numbered AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM outbox_event)
+		UPDATE outbox_event e SET status = 'discarded', dead_at = $1::timestamptz - interval '9 days',
+		       discarded_at = CASE WHEN n <= 6 THEN $1::timestamptz - interval '8 days' ELSE $1::timestamptz - interval '1 day' END,
+		       discard_reason = 'test'
+		  FROM numbered WHERE numbered.id = e.id`, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := outbox.Prune(ctx, pool, 7*24*time.Hour, 4, now)
+	if err != nil || n != 6 {
+		t.Fatalf("pruned %d (%v), want the 6 discarded past retention", n, err)
+	}
+	if c := statusCounts(t, pool); c[outbox.StatusDiscarded] != 4 {
+		t.Fatalf("left %v, want 4 recent discarded", c)
+	}
 }

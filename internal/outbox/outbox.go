@@ -15,11 +15,16 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Status words of outbox_event.status.
+// Status words of outbox_event.status. A pending event under a live lease
+// is in flight; with ordering on, a pending or dead event holds the later
+// events of its aggregate, which are held. Published and discarded are
+// terminal; discarded is an operator's decision never to publish, and
+// releases the aggregate.
 const (
 	StatusPending   = "pending"
 	StatusPublished = "published"
 	StatusDead      = "dead"
+	StatusDiscarded = "discarded"
 )
 
 // Event is one message to publish.

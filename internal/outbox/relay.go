@@ -34,7 +34,7 @@ type RelayConfig struct {
 	PollInterval       time.Duration // longest sleep between claims when idle (default 1s)
 	MaxAttempts        int           // failed attempts before an event goes dead (default 10)
 	Backoff            Backoff       // delay after a failed attempt
-	DisableOrdering    bool          // true: do not hold an event back behind an earlier pending event of its aggregate
+	DisableOrdering    bool          // true: do not hold an event back behind an earlier pending or dead event of its aggregate
 	PublishConcurrency int           // aggregates published in parallel within a batch (default 8)
 	PublishTimeout     time.Duration // per publish; at most Lease/2, else Lease/3 (the default)
 	DisableListen      bool          // true: poll only, no LISTEN wake-up
@@ -49,20 +49,20 @@ func (c RelayConfig) withDefaults() RelayConfig {
 		c.Name = "relay"
 	}
 	if c.BatchSize <= 0 {
-		c.BatchSize = 100
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.Lease <= 0 {
-		c.Lease = 30 * time.Second
+		c.Lease = DefaultLease
 	}
 	if c.PollInterval <= 0 {
-		c.PollInterval = time.Second
+		c.PollInterval = DefaultPollInterval
 	}
 	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = 10
+		c.MaxAttempts = DefaultMaxAttempts
 	}
 	c.Backoff = c.Backoff.withDefaults()
 	if c.PublishConcurrency <= 0 {
-		c.PublishConcurrency = 8
+		c.PublishConcurrency = DefaultPublishConcurrency
 	}
 	if c.PublishTimeout <= 0 || c.PublishTimeout > c.Lease/2 {
 		c.PublishTimeout = c.Lease / 3
@@ -142,16 +142,18 @@ func (r *Relay) Stats() RelayStats {
 // prev_lock is the lease being replaced: non-null means an expired lease.
 //
 // With ordering, an event is eligible only when no earlier event of its
-// aggregate is still pending (outbox_event_pending_aggregate_idx answers that
-// with one index probe), so a batch holds at most one event per aggregate and
-// the next one is claimed only after this one is marked published.
+// aggregate is unfinished, pending or dead (outbox_event_pending_aggregate_idx
+// holds exactly those rows and answers with one index probe), so a batch
+// holds at most one event per aggregate, the next one is claimed only after
+// this one is marked published, and a dead letter holds back only its own
+// aggregate until an operator retries it (order kept) or discards it.
 func claimSQL(ordered bool) string {
 	orderClause := ""
 	if ordered {
 		orderClause = `
 		  AND NOT EXISTS (
 		        SELECT 1 FROM outbox_event p
-		         WHERE p.status = 'pending'
+		         WHERE p.status IN ('pending', 'dead')
 		           AND p.aggregate_type = c.aggregate_type
 		           AND p.aggregate_id = c.aggregate_id
 		           AND p.aggregate_seq < c.aggregate_seq)`

@@ -302,7 +302,7 @@ func TestStaleRelayCannotMarkReclaimedRow(t *testing.T) {
 
 // A poison event backs off with growing delays and dead-letters after
 // MaxAttempts with its last error; other aggregates flow meanwhile and the
-// poison aggregate's later events wait until it is no longer pending.
+// poison aggregate's later events wait while it is pending or dead.
 func TestPoisonEventBacksOffAndDeadLettersWhileOthersFlow(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
@@ -391,12 +391,24 @@ func TestPoisonEventBacksOffAndDeadLettersWhileOthersFlow(t *testing.T) {
 	if b := backoff.Delay(2); b <= backoff.Delay(1) || backoff.Delay(10) != backoff.Delay(3) {
 		t.Fatalf("delays %s, %s, %s: want growth then the cap", backoff.Delay(1), backoff.Delay(2), backoff.Delay(10))
 	}
-	// Dead is not pending: the aggregate's later events go now, in order.
+	// A dead letter holds its aggregate as a pending event does: the later
+	// events wait for an operator.
+	runUntilIdle()
+	if got := publishedOf("agg-0"); len(got) != 0 {
+		t.Fatalf("after dead-lettering, agg-0 published %v, want nothing (held)", got)
+	}
+	if c := statusCounts(t, pool); c[outbox.StatusDead] != 1 || c[outbox.StatusPublished] != len(events)-3 {
+		t.Fatalf("statuses %v after dead-lettering", c)
+	}
+	// Discarding it releases them, in order.
+	if _, err := outbox.Discard(ctx, pool, poison.ID, outbox.StatusDead, "schema cannot be fixed"); err != nil {
+		t.Fatal(err)
+	}
 	runUntilIdle()
 	if got := publishedOf("agg-0"); len(got) != 2 || got[0] != 2 || got[1] != 3 {
-		t.Fatalf("after dead-lettering, agg-0 published %v, want [2 3]", got)
+		t.Fatalf("after discarding, agg-0 published %v, want [2 3]", got)
 	}
-	if c := statusCounts(t, pool); c[outbox.StatusDead] != 1 || c[outbox.StatusPublished] != len(events)-1 {
+	if c := statusCounts(t, pool); c[outbox.StatusDiscarded] != 1 || c[outbox.StatusPublished] != len(events)-1 {
 		t.Fatalf("final statuses %v", c)
 	}
 	if s := r.Stats(); s.Dead != 1 || s.Failed != maxAttempts {

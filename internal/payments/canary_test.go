@@ -3,7 +3,6 @@ package payments
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -42,9 +41,10 @@ const (
 	canaryTaxID = "98765432109"
 )
 
-func canaryBody(invoice string, account int64, amount string) string {
-	return fmt.Sprintf(`{"invoice_id":%q,"account_id":%d,"amount":%q,"currency":"TRY","customer":{"name":%q,"email":%q,"tax_id":%q}}`,
-		invoice, account, amount, canaryName, canaryEmail, canaryTaxID)
+func canaryBody(invoice string, account int64, amount string) Request {
+	r := payBody(invoice, account, amount)
+	r.Customer = Customer{Name: canaryName, Email: canaryEmail, TaxID: canaryTaxID}
+	return r
 }
 
 // leaks names the canary fragments found in text.
@@ -62,10 +62,10 @@ func leaks(text string) []string {
 // personal data go through every path that writes a log line, a metric, an
 // event or a stored answer — success, decline, provider down, charge then
 // timeout (unknown), reconcile, a crash and lease recovery, insufficient
-// funds, a duplicate invoice, a reused key, a malformed customer — with the
+// funds, a duplicate invoice, a reused key — with the
 // service and the simulator logging at debug level. The canary never appears
 // in clear in a log line, the /metrics text, an outbox payload or header, a
-// stored idempotency answer or hash, an HTTP answer, or any payment column
+// stored idempotency answer or hash, an answer or the owner's view, or any payment column
 // but the encrypted customer envelopes (which must still decrypt to it).
 func TestPIICanaryNeverLeaks(t *testing.T) {
 	t.Parallel()
@@ -76,7 +76,7 @@ func TestPIICanaryNeverLeaks(t *testing.T) {
 	e.account(2, "1")
 	ctx := context.Background()
 	var answers []string
-	post := func(key, body string) answer {
+	post := func(key string, body Request) answer {
 		a := e.post(key, body)
 		answers = append(answers, string(a.body))
 		return a
@@ -96,8 +96,8 @@ func TestPIICanaryNeverLeaks(t *testing.T) {
 	dupKey := newKey()
 	post(dupKey, canaryBody("inv-ok", 1, "10")) // same invoice, new key
 	post(dupKey, canaryBody("inv-ok", 1, "11")) // same key, other payload
-	post(newKey(), strings.Replace(canaryBody("inv-bad", 1, "10"), canaryEmail, "no-at-sign-"+canaryEmail[strings.Index(canaryEmail, "@")+1:], 1))
-	post(newKey(), strings.Replace(canaryBody("inv-bad2", 1, "10"), `"currency":"TRY"`, `"currency":"`+canaryName+`"`, 1))
+	// Malformed requests never reach the domain; paymentsapi's canary test
+	// sends them.
 	// A crash after reserving: recovery inquires (not found), charges, logs.
 	e.svc.afterReserve = func(Payment) error { return errCrash }
 	post(newKey(), canaryBody("inv-crash", 1, "10"))
@@ -124,7 +124,7 @@ func TestPIICanaryNeverLeaks(t *testing.T) {
 	}
 
 	if found := leaks(strings.Join(answers, "\n")); len(found) > 0 {
-		t.Errorf("HTTP answers carry the canary %q:\n%s", found, strings.Join(answers, "\n"))
+		t.Errorf("answers carry the canary %q:\n%s", found, strings.Join(answers, "\n"))
 	}
 	if !strings.Contains(logs.String(), "payments:") {
 		t.Fatalf("no service log line was captured; the test would prove nothing:\n%s", logs.String())

@@ -108,20 +108,31 @@ func (r *rejection) Error() string { return r.code }
 // service could not answer (the key stays processing and recovery takes it
 // over when its lease ends).
 func (s *Service) Create(ctx context.Context, merchantID, key string, req Request) (Response, error) {
+	resp, err := s.create(ctx, merchantID, key, req)
+	if err == nil && resp.Replayed {
+		s.m.replays.Inc()
+	}
+	return resp, err
+}
+
+func (s *Service) create(ctx context.Context, merchantID, key string, req Request) (Response, error) {
 	hash := req.Hash(s.kr.MAC)
 	op, err := uuid.NewV7()
 	if err != nil {
-		return Response{}, err
+		return Response{}, fmt.Errorf("payments: new operation id: %w", err)
 	}
 	for attempt := 0; attempt < 3; attempt++ {
-		now := s.now()
 		var lease time.Time
 		err := s.pool.QueryRow(ctx, `
 			INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, status, operation_id, locked_until, created_at, updated_at, expires_at)
-			VALUES ($1, $2, $3, 'processing', $4, $5, $6, $6, $7)
+			SELECT @merchant, @key, @hash, 'processing', @op, t.now + @lease::bigint * interval '1 microsecond', t.now, t.now,
+			       t.now + @window::bigint * interval '1 microsecond'
+			FROM (SELECT `+dbNow+` AS now) t
 			ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
-			RETURNING locked_until`,
-			merchantID, key, hash, op, now.Add(s.cfg.Lease), now, now.Add(s.cfg.RetryWindow)).Scan(&lease)
+			RETURNING locked_until`, pgx.NamedArgs{
+			"merchant": merchantID, "key": key, "hash": hash, "op": op, "now": s.nowArg(),
+			"lease": s.cfg.Lease.Microseconds(), "window": s.cfg.RetryWindow.Microseconds(),
+		}).Scan(&lease)
 		if err == nil {
 			rec := Record{MerchantID: merchantID, Key: key, RequestHash: hash, Status: StatusProcessing, OperationID: op, LockedUntil: &lease}
 			// From here on the work belongs to the key, not to the HTTP
@@ -136,7 +147,7 @@ func (s *Service) Create(ctx context.Context, merchantID, key string, req Reques
 			continue // pruned or released between the two statements: try again
 		}
 		if err != nil {
-			return Response{}, err
+			return Response{}, fmt.Errorf("payments: read the key's record: %w", err)
 		}
 		return s.answerFromRecord(rec, hash), nil
 	}
@@ -164,7 +175,7 @@ func (s *Service) answerCurrent(ctx context.Context, op uuid.UUID) (Response, er
 		return Response{Status: 409, RetryAfter: s.cfg.RetryAfterSeconds, Body: ErrorBody(CodeInProgress, "the request was interrupted; retry with the same Idempotency-Key")}, nil
 	}
 	if err != nil {
-		return Response{}, err
+		return Response{}, fmt.Errorf("payments: read the record of %s: %w", op, err)
 	}
 	return s.answerFromRecord(rec, ""), nil
 }
@@ -173,12 +184,12 @@ func (s *Service) answerCurrent(ctx context.Context, op uuid.UUID) (Response, er
 func (s *Service) own(ctx context.Context, rec Record, lease time.Time, req Request) (Response, error) {
 	if s.afterOwnership != nil {
 		if err := s.afterOwnership(rec); err != nil {
-			return Response{}, err
+			return Response{}, fmt.Errorf("payments: after ownership: %w", err)
 		}
 	}
 	customer, bidx, err := s.encryptCustomer(req.Customer)
 	if err != nil {
-		return Response{}, err
+		return Response{}, fmt.Errorf("payments: encrypt customer: %w", err)
 	}
 	p, lease, err := s.reserve(ctx, rec, lease, req, customer, bidx)
 	var rej *rejection
@@ -203,7 +214,7 @@ func (s *Service) own(ctx context.Context, rec Record, lease time.Time, req Requ
 	}
 	if s.afterReserve != nil {
 		if err := s.afterReserve(p); err != nil {
-			return Response{}, err
+			return Response{}, fmt.Errorf("payments: after reserve: %w", err)
 		}
 	}
 	// The provider call: outside any transaction, no row lock held, the
@@ -245,7 +256,7 @@ func (s *Service) encryptCustomer(c Customer) (map[string]string, []byte, error)
 		}
 		env, err := s.kr.Encrypt(field, v)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("payments: encrypt %s: %w", field, err)
 		}
 		out[field] = env
 	}
@@ -273,7 +284,7 @@ func (s *Service) reserve(ctx context.Context, rec Record, lease time.Time, req 
 		case lerr == nil:
 			return Payment{}, lease, duplicateRejection(live)
 		case !errors.Is(lerr, ErrNotFound):
-			return Payment{}, lease, lerr
+			return Payment{}, lease, fmt.Errorf("payments: read the invoice's live attempt: %w", lerr)
 		case try == 2:
 			return Payment{}, lease, fmt.Errorf("payments: invoice attempts kept changing: %w", err)
 		}
@@ -281,19 +292,24 @@ func (s *Service) reserve(ctx context.Context, rec Record, lease time.Time, req 
 }
 
 func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, req Request, customer map[string]string, bidx []byte) (Payment, time.Time, error) {
-	now := s.now()
 	var p Payment
 	newLease := lease
 	err := db.WithTx(ctx, s.pool, func(tx pgx.Tx) error {
+		// now is the transaction's one time, read back from the lease
+		// extension, for every row and the event it writes.
+		var now time.Time
 		err := tx.QueryRow(ctx, `
-			UPDATE idempotency_record SET locked_until = $3, updated_at = $4
-			WHERE operation_id = $1 AND status = 'processing' AND locked_until = $2
-			RETURNING locked_until`, rec.OperationID, lease, now.Add(s.cfg.Lease), now).Scan(&newLease)
+			UPDATE idempotency_record SET locked_until = t.now + @lease::bigint * interval '1 microsecond', updated_at = t.now
+			FROM (SELECT `+dbNow+` AS now) t
+			WHERE operation_id = @op AND status = 'processing' AND locked_until = @fence
+			RETURNING locked_until, updated_at`, pgx.NamedArgs{
+			"op": rec.OperationID, "fence": lease, "now": s.nowArg(), "lease": s.cfg.Lease.Microseconds(),
+		}).Scan(&newLease, &now)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrLeaseLost
 		}
 		if err != nil {
-			return err
+			return fmt.Errorf("payments: extend the lease: %w", err)
 		}
 		// One answer whether the account is another merchant's or does not
 		// exist at all: a merchant learns nothing about others' accounts.
@@ -303,12 +319,15 @@ func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, 
 			return &rejection{status: 403, code: CodeAccountForbidden, message: "the account is not one of this merchant's accounts", outcome: "rejected"}
 		}
 		if err != nil {
-			return err
+			return fmt.Errorf("payments: read account %d: %w", req.AccountID, err)
 		}
 		if currency != req.Currency {
 			return &rejection{status: 422, code: CodeCurrencyMismatch, message: "the account is kept in another currency", outcome: "rejected"}
 		}
-		custJSON, _ := json.Marshal(customer)
+		custJSON, err := json.Marshal(customer)
+		if err != nil {
+			return fmt.Errorf("payments: encode customer: %w", err)
+		}
 		p, err = scanPayment(tx.QueryRow(ctx, `
 			INSERT INTO payment (operation_id, merchant_id, invoice_id, payment_type, attempt, account_id, amount, currency, customer, customer_email_bidx, status, created_at, updated_at)
 			VALUES (@op, @merchant, @invoice, @type,
@@ -337,14 +356,19 @@ func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, 
 		if _, err := tx.Exec(ctx, `
 			INSERT INTO balance_reservation (operation_id, account_id, amount, status, created_at, updated_at)
 			VALUES ($1, $2, $3::numeric, 'active', $4, $4)`, rec.OperationID, req.AccountID, req.Amount.StringFixed(2), now); err != nil {
-			return err
+			return fmt.Errorf("payments: insert reservation: %w", err)
 		}
 		return insertEvent(ctx, tx, s.cfg.Topic, EventRequested, p, now, true)
 	})
 	if err != nil {
 		// Rolled back: the lease in the database is still the old one.
-		return Payment{}, lease, err
+		var rej *rejection
+		if errors.As(err, &rej) || errors.Is(err, ErrLeaseLost) || errors.Is(err, errInvoiceTaken) {
+			return Payment{}, lease, err // answers, not failures
+		}
+		return Payment{}, lease, fmt.Errorf("payments: reserve %s: %w", rec.OperationID, err)
 	}
+	s.poke() // payment.requested.v1 is committed
 	return p, newLease, nil
 }
 
@@ -390,13 +414,16 @@ func (s *Service) finishRejected(ctx context.Context, op uuid.UUID, lease time.T
 	}
 	rec, err := scanRecord(s.pool.QueryRow(ctx, `
 		UPDATE idempotency_record
-		SET status = 'failed', response_status = $3, response_body = $4::jsonb, locked_until = NULL, updated_at = $5
-		WHERE operation_id = $1 AND status = 'processing' AND locked_until = $2
-		RETURNING `+recordCols, op, lease, rej.status, string(body), s.now()))
+		SET status = 'failed', response_status = @status, response_body = @body::jsonb, locked_until = NULL, updated_at = `+dbNow+`
+		WHERE operation_id = @op AND status = 'processing' AND locked_until = @fence
+		RETURNING `+recordCols, pgx.NamedArgs{"op": op, "fence": lease, "status": rej.status, "body": string(body), "now": s.nowArg()}))
 	if errors.Is(err, ErrNotFound) {
 		return Record{}, ErrLeaseLost
 	}
-	return rec, err
+	if err != nil {
+		return Record{}, fmt.Errorf("payments: store the rejection of %s: %w", op, err)
+	}
+	return rec, nil
 }
 
 // eventPayload is the JSON of payment.* events. Customer data travels
@@ -426,8 +453,10 @@ func insertEvent(ctx context.Context, tx pgx.Tx, topic, eventType string, p Paym
 	}
 	payload, err := json.Marshal(ev)
 	if err != nil {
-		return err
+		return fmt.Errorf("payments: encode %s: %w", eventType, err)
 	}
-	_, err = outbox.Insert(ctx, tx, outbox.Event{AggregateType: AggregateType, AggregateID: p.OperationID.String(), Topic: topic, EventType: eventType, Payload: payload})
-	return err
+	if _, err := outbox.Insert(ctx, tx, outbox.Event{AggregateType: AggregateType, AggregateID: p.OperationID.String(), Topic: topic, EventType: eventType, Payload: payload}); err != nil {
+		return fmt.Errorf("payments: write %s: %w", eventType, err)
+	}
+	return nil
 }

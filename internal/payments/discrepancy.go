@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
 )
 
@@ -57,16 +58,17 @@ func outcomeOfProvider(o provider.Outcome) Outcome {
 // the same statement, so evidence about a status that just changed is not
 // filed against the new one). It reports whether it created a row. It
 // changes nothing else: not the payment, its reservation nor the ledger.
-func recordDiscrepancy(ctx context.Context, q querier, d Discrepancy) (bool, error) {
+// It is detected at now (nil: the database clock); d.DetectedAt is ignored.
+func recordDiscrepancy(ctx context.Context, q db.RowQuerier, d Discrepancy, now *time.Time) (bool, error) {
 	var id int64
 	err := q.QueryRow(ctx, `
 		INSERT INTO payment_discrepancy (operation_id, recorded_status, provider_outcome, source, evidence, provider_ref, detected_at)
-		SELECT p.operation_id, p.status, @outcome, @source, @evidence, nullif(@ref, ''), @now
+		SELECT p.operation_id, p.status, @outcome, @source, @evidence, nullif(@ref, ''), coalesce(@now::timestamptz, statement_timestamp())
 		FROM payment p WHERE p.operation_id = @op AND p.status = @status
 		ON CONFLICT (operation_id) WHERE resolved_at IS NULL DO NOTHING
 		RETURNING discrepancy_id`, pgx.NamedArgs{
 		"op": d.OperationID, "status": string(d.RecordedStatus), "outcome": string(d.ProviderOutcome), "source": d.Source,
-		"evidence": d.Evidence, "ref": d.ProviderRef, "now": d.DetectedAt,
+		"evidence": d.Evidence, "ref": d.ProviderRef, "now": now,
 	}).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
@@ -78,10 +80,12 @@ func recordDiscrepancy(ctx context.Context, q querier, d Discrepancy) (bool, err
 }
 
 // hasOpenDiscrepancy reports whether the payment has an open discrepancy.
-func hasOpenDiscrepancy(ctx context.Context, q querier, op uuid.UUID) (bool, error) {
+func hasOpenDiscrepancy(ctx context.Context, q db.RowQuerier, op uuid.UUID) (bool, error) {
 	var open bool
-	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM payment_discrepancy WHERE operation_id = $1 AND resolved_at IS NULL)`, op).Scan(&open)
-	return open, err
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM payment_discrepancy WHERE operation_id = $1 AND resolved_at IS NULL)`, op).Scan(&open); err != nil {
+		return false, fmt.Errorf("payments: open discrepancy of %s: %w", op, err)
+	}
+	return open, nil
 }
 
 const discrepancyCols = `discrepancy_id, operation_id, recorded_status, provider_outcome, source, evidence,
@@ -100,7 +104,7 @@ func scanDiscrepancy(row pgx.Row) (Discrepancy, error) {
 
 // CountOpenDiscrepancies counts the discrepancies no operator has closed
 // (O(open) on payment_discrepancy_open_idx).
-func CountOpenDiscrepancies(ctx context.Context, q querier) (int, error) {
+func CountOpenDiscrepancies(ctx context.Context, q db.RowQuerier) (int, error) {
 	var n int
 	if err := q.QueryRow(ctx, `SELECT count(*) FROM payment_discrepancy WHERE resolved_at IS NULL`).Scan(&n); err != nil {
 		return 0, fmt.Errorf("payments: count open discrepancies: %w", err)
@@ -110,7 +114,7 @@ func CountOpenDiscrepancies(ctx context.Context, q querier) (int, error) {
 
 // ListOpenDiscrepancies returns up to limit open discrepancies, oldest
 // first (O(limit) on payment_discrepancy_open_idx).
-func ListOpenDiscrepancies(ctx context.Context, q querier, limit int) ([]Discrepancy, error) {
+func ListOpenDiscrepancies(ctx context.Context, q db.Querier, limit int) ([]Discrepancy, error) {
 	if limit <= 0 || limit > 500 {
 		limit = 50
 	}
@@ -124,9 +128,12 @@ func ListOpenDiscrepancies(ctx context.Context, q querier, limit int) ([]Discrep
 	for rows.Next() {
 		d, err := scanDiscrepancy(rows)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("payments: list open discrepancies: %w", err)
 		}
 		out = append(out, d)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("payments: list open discrepancies: %w", err)
+	}
+	return out, nil
 }

@@ -41,13 +41,12 @@ func TestFaultMixNeverFailsACharge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := startAPI(t, svc)
 	ctx := context.Background()
 	wctx, stopWorkers := context.WithCancel(ctx)
 	workersDone := make(chan struct{})
 	go func() { defer close(workersDone); _ = svc.RunWorkers(wctx) }()
 
-	e := &env{t: t, pool: pool, srv: srv, reg: reg, merchant: "m-1", keys: map[string]string{}}
+	e := &env{t: t, pool: pool, svc: svc, reg: reg, merchant: "m-1", keys: map[string]string{}}
 	e.account(1, "100000")
 	const payments, clients = 30, 3
 	var wg sync.WaitGroup

@@ -1,16 +1,12 @@
 package payments
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -23,38 +19,17 @@ import (
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
 	"github.com/sluice-dev/sluice/internal/pii"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
-
-// clock is an injected time source tests move forward instead of sleeping.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-// Now ticks a millisecond per call, so no two reads are equal (as on a
-// real clock: a value computed twice must not match by accident).
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(time.Millisecond)
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 type env struct {
 	t        *testing.T
 	pool     *pgxpool.Pool
 	sim      *provider.Simulator
 	svc      *Service
-	srv      *httptest.Server
-	clk      *clock
+	clk      *testkit.Clock
 	kr       *pii.Keyring
 	reg      *prometheus.Registry
 	merchant string            // who e.post and e.get act as
@@ -87,25 +62,13 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{now: time.Now().UTC()}
+	clk := testkit.NewClock(time.Now().UTC()).Ticking(time.Millisecond)
 	reg := prometheus.NewRegistry()
 	svc, err := NewService(pool, provider.NewClient(sim.URL(), o.providerTimeout), kr, Config{Now: clk.Now, Lease: 30 * time.Second}, o.log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := startAPI(t, svc)
-	return &env{t: t, pool: pool, sim: sim, svc: svc, srv: srv, clk: clk, kr: kr, reg: reg, merchant: "m-1", keys: map[string]string{}}
-}
-
-// startAPI serves the service's API on a loopback port, with the Host
-// allowlist a real listener gets.
-func startAPI(t testing.TB, svc *Service) *httptest.Server {
-	t.Helper()
-	srv := httptest.NewUnstartedServer(nil)
-	srv.Config.Handler = svc.Handler(AllowedHosts(srv.Listener.Addr().String(), nil))
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv
+	return &env{t: t, pool: pool, sim: sim, svc: svc, clk: clk, kr: kr, reg: reg, merchant: "m-1", keys: map[string]string{}}
 }
 
 // merchantKey is the factory for merchants: it creates the merchant and an
@@ -151,17 +114,21 @@ func (e *env) accountOf(merchant string, id int64, balance string) {
 	}
 }
 
+// answer is what Service.Create (or PaymentOf) answered; err is set when
+// it returned an error (status 500, as the API answers).
 type answer struct {
-	status int
-	header http.Header
-	body   []byte
+	status     int
+	replayed   bool
+	retryAfter int
+	body       []byte
+	err        error
 }
 
 func (a answer) json(t *testing.T) map[string]any {
 	t.Helper()
 	var m map[string]any
 	if err := json.Unmarshal(a.body, &m); err != nil {
-		t.Fatalf("answer %d is not JSON: %q", a.status, a.body)
+		t.Fatalf("answer %d is not JSON: %q (err %v)", a.status, a.body, a.err)
 	}
 	return m
 }
@@ -171,55 +138,47 @@ func (a answer) code(t *testing.T) string {
 	return s
 }
 
-func (e *env) post(key, body string) answer {
-	return e.postAs(e.merchant, key, body)
+func (e *env) post(key string, req Request) answer {
+	return e.postAs(e.merchant, key, req)
 }
 
-// postAs pays as merchant (its API key; "" sends no Authorization).
-func (e *env) postAs(merchant, key, body string) answer {
+// postAs pays as merchant (made on first use) through Service.Create.
+func (e *env) postAs(merchant, key string, req Request) answer {
 	e.t.Helper()
-	apiKey := ""
-	if merchant != "" {
-		apiKey = e.keyOf(merchant)
-	}
-	return e.postWithKey(apiKey, key, body)
-}
-
-// postWithKey pays with a raw API key ("" sends no Authorization).
-func (e *env) postWithKey(apiKey, key, body string) answer {
-	e.t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/payments", bytes.NewBufferString(body))
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
-	}
-	if apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+apiKey)
-	}
-	return e.do(req)
-}
-
-func (e *env) do(req *http.Request) answer {
-	e.t.Helper()
-	resp, err := http.DefaultClient.Do(req)
+	e.keyOf(merchant)
+	resp, err := e.svc.Create(context.Background(), merchant, key, req)
 	if err != nil {
-		e.t.Errorf("POST: %v", err)
-		return answer{}
+		return answer{status: 500, err: err}
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return answer{status: resp.StatusCode, header: resp.Header, body: b}
+	return answer{status: resp.Status, replayed: resp.Replayed, retryAfter: resp.RetryAfter, body: resp.Body}
 }
 
+// get is e.merchant's view of a payment (PaymentOf): 200 with the JSON a
+// client sees, or 404 not_found.
 func (e *env) get(op string) answer {
 	e.t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, e.srv.URL+"/v1/payments/"+op, nil)
-	req.Header.Set("Authorization", "Bearer "+e.keyOf(e.merchant))
-	return e.do(req)
+	id, err := uuid.Parse(op)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	b, err := e.svc.PaymentOf(context.Background(), e.merchant, id)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return answer{status: 404, body: ErrorBody(CodeNotFound, "no such payment")}
+	case err != nil:
+		return answer{status: 500, err: err}
+	}
+	out, err := json.Marshal(b)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return answer{status: 200, body: out}
 }
 
-func payBody(invoice string, account int64, amount string) string {
-	return fmt.Sprintf(`{"invoice_id":%q,"account_id":%d,"amount":%q,"currency":"TRY","customer":{"name":"Ayşe Yılmaz","email":"ayse@example.com","tax_id":"12345678901"}}`, invoice, account, amount)
+// payBody is a valid request of the test customer.
+func payBody(invoice string, account int64, amount string) Request {
+	return Request{InvoiceID: invoice, AccountID: account, Amount: decimal.RequireFromString(amount), Currency: "TRY",
+		Customer: Customer{Name: "Ayşe Yılmaz", Email: "ayse@example.com", TaxID: "12345678901"}}
 }
 
 func newKey() string { return uuid.NewString() }
@@ -248,38 +207,11 @@ func (e *env) accountState(id int64) Account {
 	return a
 }
 
-// checkBooks: reserved equals the active reservations, and the balance
-// equals the ledger's credits minus debits.
+// checkBooks fails the test unless the account's books add up.
 func (e *env) checkBooks(id int64) {
 	e.t.Helper()
-	a := e.accountState(id)
-	var active, ledger string
-	if err := e.pool.QueryRow(context.Background(), `SELECT coalesce(sum(amount), 0)::text FROM balance_reservation WHERE account_id = $1 AND status = 'active'`, id).Scan(&active); err != nil {
-		e.t.Fatal(err)
-	}
-	if err := e.pool.QueryRow(context.Background(), `SELECT coalesce(sum(CASE WHEN entry_type = 'credit' THEN amount ELSE -amount END), 0)::text FROM ledger_entry WHERE account_id = $1`, id).Scan(&ledger); err != nil {
-		e.t.Fatal(err)
-	}
-	if !a.Reserved.Equal(decimal.RequireFromString(active)) {
-		e.t.Errorf("account %d: reserved %s but active reservations sum to %s", id, a.Reserved, active)
-	}
-	if !a.Balance.Equal(decimal.RequireFromString(ledger)) {
-		e.t.Errorf("account %d: balance %s but the ledger says %s", id, a.Balance, ledger)
-	}
-	if a.Balance.IsNegative() || a.Available().IsNegative() {
-		e.t.Errorf("account %d: balance %s reserved %s", id, a.Balance, a.Reserved)
-	}
-}
-
-// waitFor polls cond up to 30 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := CheckBooks(context.Background(), e.pool, id); err != nil {
+		e.t.Error(err)
 	}
 }
 

@@ -61,13 +61,13 @@ func TestSameKeySequential(t *testing.T) {
 	key := newKey()
 	body := payBody("inv-seq", 1, "1000")
 	first := e.post(key, body)
-	if first.status != 201 || first.header.Get("Idempotent-Replayed") != "" {
-		t.Fatalf("first: %d %v %s", first.status, first.header, first.body)
+	if first.status != 201 || first.replayed {
+		t.Fatalf("first: %d %v %s", first.status, first.retryAfter, first.body)
 	}
 	for i := 0; i < 99; i++ {
 		a := e.post(key, body)
-		if a.status != 201 || a.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(a.body, first.body) {
-			t.Fatalf("replay %d: %d replayed=%q body %s (first %s)", i, a.status, a.header.Get("Idempotent-Replayed"), a.body, first.body)
+		if a.status != 201 || !a.replayed || !bytes.Equal(a.body, first.body) {
+			t.Fatalf("replay %d: %d replayed=%v body %s (first %s)", i, a.status, a.replayed, a.body, first.body)
 		}
 	}
 	if n := e.sim.MoneyMoved(); n != 1 {
@@ -94,12 +94,9 @@ func TestSameKeyParallel(t *testing.T) {
 	e.account(1, "5000")
 	e.sim.Next(provider.BehaveSlow) // keep the owner busy while the others arrive
 	key := newKey()
-	bodies := []string{
-		payBody("inv-par", 1, "1000"),
-		`{ "customer": {"tax_id":"12345678901", "email":"AYSE@example.com ", "name":"  Ayşe   Yılmaz"},
-		   "currency":"try", "amount": 1000.00, "account_id": "1", "invoice_id": "inv-par" }`,
-		`{"amount":"1e3","account_id":1,"invoice_id":"inv-par","currency":"TRY","customer":{"name":"Ayşe Yılmaz","email":"ayse@example.com","tax_id":"12345678901"}}`,
-	}
+	// One request in three spellings of its amount (paymentsapi's tests
+	// spell whole bodies differently).
+	bodies := []Request{payBody("inv-par", 1, "1000"), payBody("inv-par", 1, "1000.00"), payBody("inv-par", 1, "1e3")}
 	answers := make([]answer, 100)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -117,12 +114,12 @@ func TestSameKeyParallel(t *testing.T) {
 	conflicts := 0
 	for _, a := range answers {
 		switch {
-		case a.status == 201 && a.header.Get("Idempotent-Replayed") == "":
+		case a.status == 201 && !a.replayed:
 			created = append(created, a)
 		case a.status == 201:
 		case a.status == 409:
-			if a.header.Get("Retry-After") == "" || a.code(t) != CodeInProgress {
-				t.Fatalf("409 without Retry-After or code: %v %s", a.header, a.body)
+			if a.retryAfter == 0 || a.code(t) != CodeInProgress {
+				t.Fatalf("409 without Retry-After or code: %v %s", a.retryAfter, a.body)
 			}
 			conflicts++
 		default:
@@ -160,7 +157,9 @@ func TestSameKeyOtherPayload(t *testing.T) {
 		t.Fatalf("first: %d %s", first.status, first.body)
 	}
 	before := e.accountState(1)
-	for _, other := range []string{payBody("inv-x", 1, "1001"), payBody("inv-y", 1, "1000"), strings.Replace(payBody("inv-x", 1, "1000"), "ayse@", "bob@", 1)} {
+	otherCustomer := payBody("inv-x", 1, "1000")
+	otherCustomer.Customer.Email = "bob@example.com"
+	for _, other := range []Request{payBody("inv-x", 1, "1001"), payBody("inv-y", 1, "1000"), otherCustomer} {
 		a := e.post(key, other)
 		if a.status != 422 || a.code(t) != CodeKeyReused {
 			t.Fatalf("other payload: %d %s", a.status, a.body)
@@ -197,7 +196,7 @@ func TestConcurrentKeysBalance(t *testing.T) {
 	type result struct {
 		account int64
 		key     string
-		body    string
+		body    Request
 		a       answer
 	}
 	results := make([]result, 0, accounts*4)
@@ -226,7 +225,7 @@ func TestConcurrentKeysBalance(t *testing.T) {
 		case r.a.status == 402 && r.a.code(t) == CodeInsufficientFunds:
 			// stored as the key's result: a retry gets the same answer
 			again := e.post(r.key, r.body)
-			if again.status != 402 || again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, r.a.body) {
+			if again.status != 402 || !again.replayed || !bytes.Equal(again.body, r.a.body) {
 				t.Fatalf("402 not stored as the key's result: %d %s", again.status, again.body)
 			}
 		default:
@@ -259,11 +258,11 @@ func TestNewKeySameInvoice(t *testing.T) {
 	}
 	key2 := newKey()
 	a := e.post(key2, body)
-	if a.status != 422 || a.code(t) != CodeDuplicateInvoice || a.header.Get("Retry-After") != "" {
-		t.Fatalf("second key, same invoice: %d %v %s", a.status, a.header, a.body)
+	if a.status != 422 || a.code(t) != CodeDuplicateInvoice || a.retryAfter > 0 {
+		t.Fatalf("second key, same invoice: %d %v %s", a.status, a.retryAfter, a.body)
 	}
-	if again := e.post(key2, body); again.status != 422 || again.header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("duplicate_invoice not stored as the key's result: %d %v", again.status, again.header)
+	if again := e.post(key2, body); again.status != 422 || !again.replayed {
+		t.Fatalf("duplicate_invoice not stored as the key's result: %d %v", again.status, again.retryAfter)
 	}
 	// Concurrently, many new keys for one new invoice: one payment.
 	var wg sync.WaitGroup
@@ -290,69 +289,6 @@ func TestNewKeySameInvoice(t *testing.T) {
 		t.Fatalf("business_duplicate metric = %v, want 20", got)
 	}
 	e.checkBooks(1)
-}
-
-// Missing key, malformed JSON, bad amounts, unknown currency, oversized
-// body… → 400/422 with a clear code, nothing written.
-func TestBadInputWritesNothing(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, envOpts{})
-	e.account(1, "5000")
-	good := payBody("inv-ok", 1, "10")
-	big := `{"invoice_id":"inv-big","account_id":1,"amount":"1","currency":"TRY","customer":{"name":"` + strings.Repeat("a", 20000) + `","email":"a@b.com"}}`
-	cases := []struct {
-		name, merchant, key, body string
-		status                    int
-		code                      string
-	}{
-		{"no key", "m-1", "", good, 400, CodeMissingKey},
-		{"long key", "m-1", strings.Repeat("k", 256), good, 400, CodeInvalidKey},
-		{"no API key", "", newKey(), good, 401, CodeUnauthorized},
-		{"malformed", "m-1", newKey(), `{"invoice_id": "x",`, 400, "malformed_json"},
-		{"not an object", "m-1", newKey(), `[1,2]`, 400, "invalid_field"},
-		{"trailing data", "m-1", newKey(), good + `{}`, 400, "malformed_json"},
-		{"unknown field", "m-1", newKey(), strings.Replace(good, `"currency"`, `"admin":true,"currency"`, 1), 400, "unknown_field"},
-		{"negative", "m-1", newKey(), payBody("i", 1, "-5"), 422, "invalid_amount"},
-		{"zero", "m-1", newKey(), payBody("i", 1, "0.00"), 422, "invalid_amount"},
-		{"absurd", "m-1", newKey(), payBody("i", 1, "1e15"), 422, "amount_out_of_range"},
-		{"three decimals", "m-1", newKey(), payBody("i", 1, "10.001"), 422, "amount_precision"},
-		{"not a number", "m-1", newKey(), payBody("i", 1, "ten"), 422, "invalid_amount"},
-		{"NaN", "m-1", newKey(), payBody("i", 1, "NaN"), 422, "invalid_amount"},
-		{"currency", "m-1", newKey(), strings.Replace(good, `"TRY"`, `"XYZ"`, 1), 422, "unsupported_currency"},
-		{"no customer", "m-1", newKey(), `{"invoice_id":"i","account_id":1,"amount":"1","currency":"TRY"}`, 422, "missing_field"},
-		{"no invoice", "m-1", newKey(), `{"account_id":1,"amount":"1","currency":"TRY","customer":{"name":"a","email":"a@b.c"}}`, 422, "missing_field"},
-		{"bad email", "m-1", newKey(), strings.Replace(good, "ayse@example.com", "nope", 1), 422, "invalid_customer"},
-		{"bad account", "m-1", newKey(), payBody("i", -3, "1"), 422, "invalid_account_id"},
-		{"oversized", "m-1", newKey(), big, 400, CodeBodyTooLarge},
-	}
-	for _, c := range cases {
-		a := e.postAs(c.merchant, c.key, c.body)
-		if a.status != c.status || a.code(t) != c.code {
-			t.Errorf("%s: %d %s, want %d %s", c.name, a.status, a.body, c.status, c.code)
-		}
-		if strings.Contains(string(a.body), "ayse@") {
-			t.Errorf("%s: answer echoes PII: %s", c.name, a.body)
-		}
-	}
-	for _, table := range []string{"idempotency_record", "payment", "balance_reservation", "outbox_event"} {
-		if n := e.count(`SELECT count(*) FROM ` + table); n != 0 {
-			t.Errorf("%s has %d rows after bad input", table, n)
-		}
-	}
-	if n := debits(e, 1); n != 0 || len(e.sim.Charges()) != 0 {
-		t.Errorf("bad input reached the ledger or the provider")
-	}
-	// A well-formed request for an account that does not exist is refused
-	// like one for another merchant's account (403), stored as the key's
-	// result, with no payment.
-	key := newKey()
-	a := e.post(key, payBody("inv-nope", 99, "10"))
-	if a.status != 403 || a.code(t) != CodeAccountForbidden {
-		t.Fatalf("unknown account: %d %s", a.status, a.body)
-	}
-	if n := e.count(`SELECT count(*) FROM payment`); n != 0 {
-		t.Fatalf("payment written for an unknown account")
-	}
 }
 
 func TestDeclineAndProviderDownRelease(t *testing.T) {
@@ -419,10 +355,10 @@ func TestExpiryPrunesKeysOnly(t *testing.T) {
 	// payment that paid the invoice, in words that are true for it.
 	a := e.post(keys[0], payBody("inv-exp-0", 1, "10"))
 	m := a.json(t)
-	if a.status != 422 || a.code(t) != CodeDuplicateInvoice || a.header.Get("Retry-After") != "" ||
+	if a.status != 422 || a.code(t) != CodeDuplicateInvoice || a.retryAfter > 0 ||
 		m["operation_id"] != firstOp || m["status"] != string(StatusCompleted) ||
 		!strings.Contains(m["message"].(string), "already paid by operation "+firstOp) {
-		t.Fatalf("expired key replayed after pruning: %d %v %s", a.status, a.header, a.body)
+		t.Fatalf("expired key replayed after pruning: %d %v %s", a.status, a.retryAfter, a.body)
 	}
 	if e.sim.MoneyMoved() != 5 {
 		t.Fatalf("money moved %d times", e.sim.MoneyMoved())

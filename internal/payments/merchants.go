@@ -72,7 +72,7 @@ func CreateMerchant(ctx context.Context, q db.Beginner, id, name string) error {
 }
 
 // GetMerchant reads one merchant.
-func GetMerchant(ctx context.Context, q querier, id string) (Merchant, error) {
+func GetMerchant(ctx context.Context, q db.RowQuerier, id string) (Merchant, error) {
 	var m Merchant
 	err := q.QueryRow(ctx, `SELECT merchant_id, name, created_at FROM merchant WHERE merchant_id = $1`, id).Scan(&m.MerchantID, &m.Name, &m.CreatedAt)
 	return m, notFound(err)
@@ -81,14 +81,14 @@ func GetMerchant(ctx context.Context, q querier, id string) (Merchant, error) {
 // CreateKey makes a new API key for the merchant and returns it with its
 // description. The key itself exists only in the return value: show it once
 // and never log it.
-func CreateKey(ctx context.Context, q querier, merchantID string) (string, APIKey, error) {
+func CreateKey(ctx context.Context, q db.RowQuerier, merchantID string) (string, APIKey, error) {
 	var idb [8]byte
 	var secret [32]byte
 	if _, err := rand.Read(idb[:]); err != nil {
-		return "", APIKey{}, err
+		return "", APIKey{}, fmt.Errorf("payments: create key: %w", err)
 	}
 	if _, err := rand.Read(secret[:]); err != nil {
-		return "", APIKey{}, err
+		return "", APIKey{}, fmt.Errorf("payments: create key: %w", err)
 	}
 	keyID := hex.EncodeToString(idb[:])
 	key := keyPrefix + keyID + "_" + hex.EncodeToString(secret[:])
@@ -106,7 +106,7 @@ func CreateKey(ctx context.Context, q querier, merchantID string) (string, APIKe
 }
 
 // ListKeys lists a merchant's keys, oldest first, without secrets.
-func ListKeys(ctx context.Context, q querier, merchantID string) ([]APIKey, error) {
+func ListKeys(ctx context.Context, q db.Querier, merchantID string) ([]APIKey, error) {
 	rows, err := q.Query(ctx, `SELECT key_id, merchant_id, created_at, revoked_at FROM merchant_api_key WHERE merchant_id = $1 ORDER BY created_at, key_id`, merchantID)
 	if err != nil {
 		return nil, fmt.Errorf("payments: list keys: %w", err)
@@ -116,16 +116,19 @@ func ListKeys(ctx context.Context, q querier, merchantID string) ([]APIKey, erro
 	for rows.Next() {
 		var k APIKey
 		if err := rows.Scan(&k.KeyID, &k.MerchantID, &k.CreatedAt, &k.RevokedAt); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("payments: list keys: %w", err)
 		}
 		out = append(out, k)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("payments: list keys: %w", err)
+	}
+	return out, nil
 }
 
 // RevokeKey revokes a key at once (every later request with it is 401).
 // Revoking a revoked key changes nothing; an unknown key id is ErrNotFound.
-func RevokeKey(ctx context.Context, q querier, keyID string) (APIKey, error) {
+func RevokeKey(ctx context.Context, q db.RowQuerier, keyID string) (APIKey, error) {
 	var k APIKey
 	err := q.QueryRow(ctx, `
 		UPDATE merchant_api_key SET revoked_at = coalesce(revoked_at, now())
@@ -142,7 +145,7 @@ var dummyHash = sha256.Sum256([]byte("sluice: no such key"))
 // ErrUnauthenticated for a malformed, unknown or revoked key. The key is
 // found by its public id and its hash compared in constant time, so the
 // lookup leaks nothing about the secret.
-func Authenticate(ctx context.Context, q querier, key string) (merchantID, keyID string, err error) {
+func Authenticate(ctx context.Context, q db.RowQuerier, key string) (merchantID, keyID string, err error) {
 	rest, ok := strings.CutPrefix(key, keyPrefix)
 	if !ok || len(rest) != 16+1+64 || rest[16] != '_' {
 		return "", "", ErrUnauthenticated
@@ -171,7 +174,7 @@ func Authenticate(ctx context.Context, q querier, key string) (merchantID, keyID
 // AssignAccount gives an existing account to a merchant. An account owned
 // by another merchant is never moved (ErrAccountOwned): taking money rights
 // away from a merchant is not something a typo should do.
-func AssignAccount(ctx context.Context, q querier, merchantID string, accountID int64) error {
+func AssignAccount(ctx context.Context, q db.RowQuerier, merchantID string, accountID int64) error {
 	var owner string
 	err := q.QueryRow(ctx, `
 		UPDATE account SET merchant_id = $1, updated_at = now()
@@ -196,10 +199,14 @@ func AssignAccount(ctx context.Context, q querier, merchantID string, accountID 
 }
 
 // MerchantAccounts lists the ids of a merchant's accounts.
-func MerchantAccounts(ctx context.Context, q querier, merchantID string) ([]int64, error) {
+func MerchantAccounts(ctx context.Context, q db.Querier, merchantID string) ([]int64, error) {
 	rows, err := q.Query(ctx, `SELECT account_id FROM account WHERE merchant_id = $1 ORDER BY account_id`, merchantID)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("payments: accounts of %s: %w", merchantID, err)
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("payments: accounts of %s: %w", merchantID, err)
+	}
+	return ids, nil
 }

@@ -2,6 +2,8 @@ package payments
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-dev/sluice/internal/db"
 )
 
 // Conflict kinds of sluice_idempotency_conflicts_total.
@@ -19,10 +21,10 @@ type metrics struct {
 	payments     *prometheus.CounterVec
 	providerCall *prometheus.HistogramVec
 
-	// Seed 002's measurements: p95/p99 latency per route, duplicate_ratio
-	// (replays ÷ POST requests), db_lock_wait and hot_account_rate
-	// (contended ÷ all reservations), without an id in any label.
-	requests     *prometheus.HistogramVec
+	// Seed 002's measurements: duplicate_ratio (replays ÷ POST requests;
+	// the latency per route is paymentsapi's), db_lock_wait and
+	// hot_account_rate (contended ÷ all reservations), without an id in any
+	// label.
 	replays      prometheus.Counter
 	reservations prometheus.Counter
 	contended    prometheus.Counter
@@ -30,8 +32,9 @@ type metrics struct {
 }
 
 // newMetrics builds the package's collectors and registers them on reg (nil:
-// not registered). Labels carry bounded values only.
-func newMetrics(reg prometheus.Registerer) *metrics {
+// not registered) through db.Register, so two services sharing a registry
+// share the collectors. Labels carry bounded values only.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_idempotency_conflicts_total",
@@ -59,11 +62,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"op"}),
 	}
-	m.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "sluice_payments_http_request_duration_seconds",
-		Help:    "Payments API request latency, by route template and status code.",
-		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-	}, []string{"route", "code"})
 	m.replays = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_idempotency_replays_total",
 		Help: "Requests answered with the stored result of their Idempotency-Key (same key, same payload, already final).",
@@ -81,15 +79,33 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help:    "How long a contended reservation waited for its account's row lock.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 	})
+	var err error
+	register(reg, &m.conflicts, &err)
+	register(reg, &m.unknown, &err)
+	register(reg, &m.reconcileAge, &err)
+	register(reg, &m.discrepancy, &err)
+	register(reg, &m.payments, &err)
+	register(reg, &m.providerCall, &err)
+	register(reg, &m.replays, &err)
+	register(reg, &m.reservations, &err)
+	register(reg, &m.contended, &err)
+	register(reg, &m.lockWait, &err)
+	if err != nil {
+		return nil, err
+	}
 	for _, k := range []string{ConflictInProgress, ConflictPayloadMismatch, ConflictBusinessDuplicate} {
 		m.conflicts.WithLabelValues(k)
 	}
 	for _, o := range []string{"completed", "failed", "unknown", "insufficient_funds", "rejected"} {
 		m.payments.WithLabelValues(o)
 	}
-	if reg != nil {
-		reg.MustRegister(m.conflicts, m.unknown, m.reconcileAge, m.discrepancy, m.payments, m.providerCall,
-			m.requests, m.replays, m.reservations, m.contended, m.lockWait)
+	return m, nil
+}
+
+// register replaces *c by the collector db.Register keeps, unless an
+// earlier registration failed.
+func register[C prometheus.Collector](reg prometheus.Registerer, c *C, err *error) {
+	if *err == nil {
+		*c, *err = db.Register(reg, *c)
 	}
-	return m
 }

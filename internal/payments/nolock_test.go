@@ -93,17 +93,12 @@ func TestProviderCallHoldsNoLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	req, err := ParseRequest([]byte(payBody("inv-lock-1", 1, "100")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res, err := svc.Create(ctx, e.merchant, newKey(), req); err != nil || res.Status != 201 {
+	if res, err := svc.Create(ctx, e.merchant, newKey(), payBody("inv-lock-1", 1, "100")); err != nil || res.Status != 201 {
 		t.Fatalf("create: %d %s (%v)", res.Status, res.Body, err)
 	}
 	// The owner dies after reserving; recovery inquires and charges.
 	svc.afterReserve = func(Payment) error { return errCrash }
-	req2, _ := ParseRequest([]byte(payBody("inv-lock-2", 1, "100")))
-	if _, err := svc.Create(ctx, e.merchant, newKey(), req2); !errors.Is(err, errCrash) {
+	if _, err := svc.Create(ctx, e.merchant, newKey(), payBody("inv-lock-2", 1, "100")); !errors.Is(err, errCrash) {
 		t.Fatalf("crash: %v", err)
 	}
 	svc.afterReserve = nil

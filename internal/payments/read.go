@@ -31,18 +31,20 @@ type Health struct {
 
 // HealthRead reads Health through partial indexes only (unknown payments,
 // processing keys, open discrepancies): O(the work on-call has), never
-// O(history). Ages are on the database clock, now().
+// O(history). Ages are on the database clock, now(), unless Now is set.
 type HealthRead struct {
-	Recent int // how many of the oldest unknown payments to list
+	Recent int        // how many of the oldest unknown payments to list
+	Now    *time.Time // the clock ages and leases are measured on; nil: now() (a service's injected clock otherwise)
 	Health Health
 }
 
 // Expr implements db.Read.
 func (r *HealthRead) Expr(args *db.Args) string {
+	now := "coalesce(" + args.Add(r.Now) + "::timestamptz, now())"
 	return `SELECT json_build_object(
 	    'unknown', (SELECT count(*) FROM payment WHERE status = 'unknown'),
-	    'reconcile_secs', coalesce((SELECT extract(epoch FROM now() - min(unknown_since)) FROM payment WHERE status = 'unknown'), 0),
-	    'stuck_processing', (SELECT count(*) FROM idempotency_record WHERE status = 'processing' AND locked_until < now()),
+	    'reconcile_secs', coalesce((SELECT extract(epoch FROM ` + now + ` - min(unknown_since)) FROM payment WHERE status = 'unknown'), 0),
+	    'stuck_processing', (SELECT count(*) FROM idempotency_record WHERE status = 'processing' AND locked_until < ` + now + `),
 	    'discrepancies', (SELECT count(*) FROM payment_discrepancy WHERE resolved_at IS NULL),
 	    'recent_unknown', coalesce((SELECT json_agg(json_build_object('operation_id', operation_id, 'amount', amount::text,
 	                                       'currency', currency, 'unknown_since', since) ORDER BY since, operation_id)

@@ -19,46 +19,48 @@ var errStateChanged = errors.New("payments: payment state changed")
 
 // details of a transition.
 type details struct {
-	providerRef string
-	failureCode string
-	resolvedBy  string // set when an inquiry, a settlement file or an operator resolves
-	nextInquiry time.Time
+	providerRef  string
+	failureCode  string
+	resolvedBy   string        // set when an inquiry, a settlement file or an operator resolves
+	inquireAfter time.Duration // > 0: the next inquiry is due this long after the transition
 }
 
 // settle records a charge's outcome in one transaction. With a fence, the
 // caller must still hold the key's lease (locked_until = *fence).
 func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d details, fence *time.Time) (Record, error) {
-	now := s.now()
 	if to == StatusUnknown {
-		d.nextInquiry = now.Add(s.cfg.InquiryBackoff)
+		d.inquireAfter = s.cfg.InquiryBackoff
 	}
 	if to == StatusFailed && d.failureCode == CodeProviderUnavailable {
 		// "Not processed" is the provider's word, or our reading of the
 		// network; if either was wrong the money moved while we released it.
 		// The reconcile worker checks a few times by inquiry and files a
 		// discrepancy if the provider says it charged (never flips it).
-		d.nextInquiry = now.Add(s.cfg.InquiryBackoff)
+		d.inquireAfter = s.cfg.InquiryBackoff
 	}
-	var rec Record
-	err := db.WithTx(ctx, s.pool, func(tx pgx.Tx) error {
+	rec, err := db.WithTxV(ctx, s.pool, func(tx pgx.Tx) (Record, error) {
 		if fence != nil {
 			var one int
 			err := tx.QueryRow(ctx, `SELECT 1 FROM idempotency_record WHERE operation_id = $1 AND status = 'processing' AND locked_until = $2 FOR UPDATE`, op, *fence).Scan(&one)
 			if errors.Is(err, pgx.ErrNoRows) {
-				return ErrLeaseLost
+				return Record{}, ErrLeaseLost
 			}
 			if err != nil {
-				return err
+				return Record{}, fmt.Errorf("payments: check the lease of %s: %w", op, err)
 			}
 		}
-		var err error
-		_, rec, err = transition(ctx, tx, op, from, to, d, now, s.cfg.Topic)
-		return err
+		_, rec, err := transition(ctx, tx, op, from, to, d, s.nowArg(), s.cfg.Topic)
+		return rec, err
 	})
-	if err == nil {
-		s.m.payments.WithLabelValues(string(to)).Inc()
+	if errors.Is(err, ErrLeaseLost) || errors.Is(err, errStateChanged) {
+		return Record{}, err
 	}
-	return rec, err
+	if err != nil {
+		return Record{}, fmt.Errorf("payments: settle %s as %s: %w", op, to, err)
+	}
+	s.poke()
+	s.m.payments.WithLabelValues(string(to)).Inc()
+	return rec, nil
 }
 
 // ResolveOptions describe a resolution of an unknown payment.
@@ -67,7 +69,7 @@ type ResolveOptions struct {
 	FailureCode string    // for failed (default payment_failed)
 	ResolvedBy  string    // "inquiry", "settlement:<file>", or the operator (iss|sub): no PII
 	Topic       string    // outbox topic (default sluice.payments)
-	Now         time.Time // default time.Now()
+	Now         time.Time // zero: the database clock
 }
 
 // Resolve moves an unknown payment to completed (reservation finalized,
@@ -76,7 +78,8 @@ type ResolveOptions struct {
 // console can write its audit event in the same commit, and returns
 // ErrNotUnknown when the payment is not unknown any more (a concurrent
 // resolution won) and ErrNotFound when there is no such payment. The key's
-// stored response becomes the final answer.
+// stored response becomes the final answer. It writes an outbox event: the
+// caller pokes the relays after its commit.
 func Resolve(ctx context.Context, tx pgx.Tx, operationID uuid.UUID, outcome Outcome, opts ResolveOptions) (Payment, error) {
 	to := StatusCompleted
 	switch outcome {
@@ -92,42 +95,44 @@ func Resolve(ctx context.Context, tx pgx.Tx, operationID uuid.UUID, outcome Outc
 	if opts.Topic == "" {
 		opts.Topic = DefaultTopic
 	}
-	if opts.Now.IsZero() {
-		opts.Now = time.Now()
-	}
 	if opts.ResolvedBy == "" {
 		opts.ResolvedBy = "unspecified"
 	}
-	p, _, err := transition(ctx, tx, operationID, StatusUnknown, to, details{providerRef: opts.ProviderRef, failureCode: opts.FailureCode, resolvedBy: opts.ResolvedBy}, opts.Now.UTC(), opts.Topic)
+	var now *time.Time
+	if !opts.Now.IsZero() {
+		t := opts.Now.UTC()
+		now = &t
+	}
+	p, _, err := transition(ctx, tx, operationID, StatusUnknown, to, details{providerRef: opts.ProviderRef, failureCode: opts.FailureCode, resolvedBy: opts.ResolvedBy}, now, opts.Topic)
 	return p, err
 }
 
 // transition is the one place a payment changes state: UPDATE … WHERE
 // status = from makes it happen once, and the reservation, ledger, event
-// and stored response change in the same transaction.
-func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d details, now time.Time, topic string) (Payment, Record, error) {
+// and stored response change in the same transaction, all stamped with the
+// payment's updated_at (nowArg, or the database clock when it is nil).
+func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d details, nowArg *time.Time, topic string) (Payment, Record, error) {
 	// Due inquiries: of an unknown payment, or the bounded re-checks of one
 	// failed as provider_unavailable (settle sets them); none otherwise.
-	var nextInquiry *time.Time
-	if !d.nextInquiry.IsZero() {
-		nextInquiry = &d.nextInquiry
-	}
 	p, err := scanPayment(tx.QueryRow(ctx, `
 		UPDATE payment SET
-			status = $3,
-			provider_ref = coalesce(nullif($4, ''), provider_ref),
-			failure_code = nullif($5, ''),
-			unknown_since = CASE WHEN $3 = 'unknown' THEN $6 ELSE unknown_since END,
-			next_inquiry_at = $7,
-			resolved_at = CASE WHEN $8 <> '' THEN $6 ELSE resolved_at END,
-			resolved_by = nullif($8, ''),
-			updated_at = $6
-		WHERE operation_id = $1 AND status = $2
-		RETURNING `+paymentCols,
-		op, string(from), string(to), d.providerRef, d.failureCode, now, nextInquiry, d.resolvedBy))
+			status = @to,
+			provider_ref = coalesce(nullif(@ref, ''), provider_ref),
+			failure_code = nullif(@code, ''),
+			unknown_since = CASE WHEN @to = 'unknown' THEN t.now ELSE unknown_since END,
+			next_inquiry_at = CASE WHEN @after::bigint > 0 THEN t.now + @after::bigint * interval '1 microsecond' END,
+			resolved_at = CASE WHEN @by <> '' THEN t.now ELSE resolved_at END,
+			resolved_by = nullif(@by, ''),
+			updated_at = t.now
+		FROM (SELECT `+dbNow+` AS now) t
+		WHERE operation_id = @op AND status = @from
+		RETURNING `+paymentCols, pgx.NamedArgs{
+		"op": op, "from": string(from), "to": string(to), "ref": d.providerRef, "code": d.failureCode,
+		"after": d.inquireAfter.Microseconds(), "by": d.resolvedBy, "now": nowArg,
+	}))
 	if errors.Is(err, ErrNotFound) {
 		if _, gerr := Get(ctx, tx, op); gerr != nil {
-			return Payment{}, Record{}, gerr
+			return Payment{}, Record{}, fmt.Errorf("payments: move %s to %s: %w", op, to, gerr)
 		}
 		if from == StatusUnknown {
 			return Payment{}, Record{}, ErrNotUnknown
@@ -135,8 +140,9 @@ func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d
 		return Payment{}, Record{}, errStateChanged
 	}
 	if err != nil {
-		return Payment{}, Record{}, err
+		return Payment{}, Record{}, fmt.Errorf("payments: move %s from %s to %s: %w", op, from, to, err)
 	}
+	now := p.UpdatedAt
 	amount := p.Amount.StringFixed(2)
 	var eventType string
 	switch to {
@@ -175,7 +181,7 @@ func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d
 		WHERE operation_id = $1
 		RETURNING `+recordCols, op, string(to), status, string(body), now))
 	if err != nil && !errors.Is(err, ErrNotFound) { // a pruned key has nothing to update
-		return Payment{}, Record{}, err
+		return Payment{}, Record{}, fmt.Errorf("payments: store the answer of %s: %w", op, err)
 	}
 	return p, rec, nil
 }
@@ -183,7 +189,7 @@ func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d
 func moveReservation(ctx context.Context, tx pgx.Tx, op uuid.UUID, to string, now time.Time) error {
 	tag, err := tx.Exec(ctx, `UPDATE balance_reservation SET status = $2, updated_at = $3 WHERE operation_id = $1 AND status = 'active'`, op, to, now)
 	if err != nil {
-		return err
+		return fmt.Errorf("payments: move the reservation of %s to %s: %w", op, to, err)
 	}
 	if tag.RowsAffected() != 1 {
 		return fmt.Errorf("payments: operation %s has no active reservation", op)
@@ -226,6 +232,7 @@ func storedResponse(p Payment) (int, []byte) {
 	return status, out
 }
 
+// bodyOf is the client's view of a payment, without the customer.
 func bodyOf(p Payment) PaymentBody {
 	b := PaymentBody{OperationID: p.OperationID.String(), InvoiceID: p.InvoiceID, Attempt: p.Attempt, AccountID: p.AccountID, Amount: p.Amount.StringFixed(2),
 		Currency: p.Currency, Status: p.Status, ProviderRef: p.ProviderRef}

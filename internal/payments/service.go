@@ -3,13 +3,15 @@ package payments
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
 	"github.com/sluice-dev/sluice/internal/pii"
 )
@@ -19,7 +21,6 @@ type Config struct {
 	Topic             string        // outbox topic of payment.* events (sluice.payments)
 	Lease             time.Duration // processing lease; must exceed the provider timeout (30s)
 	RetryWindow       time.Duration // how long a key is remembered (72h)
-	MaxBodyBytes      int64         // request body limit (16 KiB)
 	RecoveryInterval  time.Duration // how often expired leases are looked for (5s)
 	ReconcileInterval time.Duration // how often unknown payments are inquired (5s)
 	InquiryBackoff    time.Duration // first wait between inquiries of one unknown payment (5s)
@@ -28,8 +29,31 @@ type Config struct {
 	ExpiryBatch       int           // rows per pruning statement (1000)
 	Batch             int           // rows per recovery / reconcile pass (100)
 	RetryAfterSeconds int           // Retry-After on 409 in progress (1)
-	Now               func() time.Time
+	// Now is the service's clock. Nil means the database clock
+	// (statement_timestamp() in each statement), so services on hosts with
+	// skewed clocks agree on leases, inquiry times and key expiry; tests
+	// inject a clock so leases and backoff expire without sleeping.
+	Now func() time.Time
+	// Poker is told after every commit that wrote an outbox event, so a
+	// sleeping relay publishes it at once (an *outbox.Notifier); nil: the
+	// relays find the events on their next poll.
+	Poker Poker
 }
+
+// Poker wakes the relays; *outbox.Notifier is one. Poke must not block.
+type Poker interface{ Poke() }
+
+// Defaults of Config, applied to zero fields; the command-line flags of
+// `console payments-api` show the same values.
+const (
+	DefaultLease             = 30 * time.Second
+	DefaultRetryWindow       = 72 * time.Hour
+	DefaultRecoveryInterval  = 5 * time.Second
+	DefaultReconcileInterval = 5 * time.Second
+	DefaultInquiryBackoff    = 5 * time.Second
+	DefaultInquiryBackoffMax = 10 * time.Minute
+	DefaultExpiryInterval    = time.Minute
+)
 
 func (c Config) withDefaults() Config {
 	def := func(d *time.Duration, v time.Duration) {
@@ -40,16 +64,13 @@ func (c Config) withDefaults() Config {
 	if c.Topic == "" {
 		c.Topic = DefaultTopic
 	}
-	def(&c.Lease, 30*time.Second)
-	def(&c.RetryWindow, 72*time.Hour)
-	def(&c.RecoveryInterval, 5*time.Second)
-	def(&c.ReconcileInterval, 5*time.Second)
-	def(&c.InquiryBackoff, 5*time.Second)
-	def(&c.InquiryBackoffMax, 10*time.Minute)
-	def(&c.ExpiryInterval, time.Minute)
-	if c.MaxBodyBytes <= 0 {
-		c.MaxBodyBytes = 16 << 10
-	}
+	def(&c.Lease, DefaultLease)
+	def(&c.RetryWindow, DefaultRetryWindow)
+	def(&c.RecoveryInterval, DefaultRecoveryInterval)
+	def(&c.ReconcileInterval, DefaultReconcileInterval)
+	def(&c.InquiryBackoff, DefaultInquiryBackoff)
+	def(&c.InquiryBackoffMax, DefaultInquiryBackoffMax)
+	def(&c.ExpiryInterval, DefaultExpiryInterval)
 	if c.ExpiryBatch <= 0 {
 		c.ExpiryBatch = 1000
 	}
@@ -62,27 +83,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// dbClock is the local clock corrected by its measured offset from the
-// database's clock, so leases written by services on several hosts compare
-// on one time line even when the hosts' clocks drift.
-type dbClock struct{ offset atomic.Int64 }
-
-func (c *dbClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
-
-// sync measures the offset (half the round trip is the error bound).
-func (c *dbClock) sync(ctx context.Context, pool *pgxpool.Pool) (int, error) {
-	before := time.Now()
-	var dbNow time.Time
-	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&dbNow); err != nil {
-		return 0, err
-	}
-	after := time.Now()
-	local := before.Add(after.Sub(before) / 2)
-	c.offset.Store(int64(dbNow.Sub(local)))
-	return 0, nil
-}
-
-// Service is the payments service: API handlers and workers over one pool.
+// Service is the payments service: the operations of the API and the
+// workers over one pool (the HTTP transport is package paymentsapi).
 type Service struct {
 	pool *pgxpool.Pool
 	prov provider.Provider
@@ -90,7 +92,6 @@ type Service struct {
 	cfg  Config
 	log  *slog.Logger
 	m    *metrics
-	clk  *dbClock // nil when the configuration injects Now
 
 	// afterOwnership and afterReserve let tests stop the flow at the worst
 	// moments (a crash right after a commit); nil in production.
@@ -107,15 +108,82 @@ func NewService(pool *pgxpool.Pool, prov provider.Provider, kr *pii.Keyring, cfg
 		log = slog.New(slog.DiscardHandler)
 	}
 	cfg = cfg.withDefaults()
-	var clk *dbClock
-	if cfg.Now == nil {
-		clk = &dbClock{}
-		cfg.Now = clk.Now
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("payments: metrics: %w", err)
 	}
-	return &Service{pool: pool, prov: prov, kr: kr, cfg: cfg, log: log, m: newMetrics(reg), clk: clk}, nil
+	return &Service{pool: pool, prov: prov, kr: kr, cfg: cfg, log: log, m: m}, nil
 }
 
-func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
+// nowArg is the clock argument of a statement: nil lets the database
+// decide (dbNow), an injected clock's reading otherwise.
+func (s *Service) nowArg() *time.Time {
+	if s.cfg.Now == nil {
+		return nil
+	}
+	t := s.cfg.Now().UTC().Truncate(time.Microsecond)
+	return &t
+}
+
+// dbNow is a statement's "now": the @now argument (nowArg) or, when it is
+// NULL, the database clock. Every timestamp the service writes and every
+// lease, due time and expiry it compares goes through it, so one clock
+// decides them all.
+const dbNow = `coalesce(@now::timestamptz, statement_timestamp())`
+
+// poke wakes the relays after a commit that wrote an outbox event.
+func (s *Service) poke() {
+	if s.cfg.Poker != nil {
+		s.cfg.Poker.Poke()
+	}
+}
+
+// Authenticate returns the merchant of an API key (ErrUnauthenticated for a
+// malformed, unknown or revoked one).
+func (s *Service) Authenticate(ctx context.Context, apiKey string) (string, error) {
+	merchantID, _, err := Authenticate(ctx, s.pool, apiKey)
+	return merchantID, err
+}
+
+// PaymentOf is what a merchant sees of its payment: its state and the
+// customer fields masked. Another merchant's payment is ErrNotFound, like a
+// missing one, so a merchant learns nothing about others' payments.
+func (s *Service) PaymentOf(ctx context.Context, merchantID string, op uuid.UUID) (PaymentBody, error) {
+	p, err := Get(ctx, s.pool, op)
+	if err != nil {
+		return PaymentBody{}, fmt.Errorf("payments: payment %s: %w", op, err)
+	}
+	if p.MerchantID != merchantID {
+		return PaymentBody{}, ErrNotFound
+	}
+	b := bodyOf(p)
+	b.Customer = s.MaskedCustomer(p)
+	return b, nil
+}
+
+// MaskedCustomer decrypts and masks a payment's customer fields; a value
+// under a key this service does not hold shows as "undecryptable".
+func (s *Service) MaskedCustomer(p Payment) map[string]string {
+	out := make(map[string]string, len(p.Customer))
+	for field, env := range p.Customer {
+		clear, err := s.kr.Decrypt(field, env)
+		if err != nil {
+			out[field] = pii.Undecryptable
+			continue
+		}
+		out[field] = pii.Show(field, clear)
+	}
+	return out
+}
+
+// Ready reports whether the database answers and carries the schema this
+// binary ships.
+func (s *Service) Ready(ctx context.Context) error {
+	if err := db.Ready(ctx, s.pool); err != nil {
+		return fmt.Errorf("payments: ready: %w", err)
+	}
+	return nil
+}
 
 func (s *Service) charge(ctx context.Context, req provider.ChargeRequest) (provider.Result, error) {
 	start := time.Now()

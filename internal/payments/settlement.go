@@ -184,7 +184,7 @@ func parseSettlementLine(text string) (SettlementEntry, error) {
 // DB is a pool (or a connection): it begins transactions and queries.
 type DB interface {
 	db.Beginner
-	querier
+	db.Querier
 }
 
 // SettlementLine is what happened (or, in a dry run, would happen) to one
@@ -204,9 +204,10 @@ type SettlementSummary map[string]int
 type SettlementOptions struct {
 	Source string               // recorded as resolved_by "settlement:<source>"
 	Topic  string               // outbox topic (default sluice.payments)
-	Now    func() time.Time     // default time.Now
+	Now    func() time.Time     // nil: the database clock (tests inject one)
 	Report func(SettlementLine) // called once per line, in order
 	DryRun bool                 // read only: report what applying would do, change nothing
+	Poker  Poker                // poked after each line that committed an outbox event (nil: none)
 }
 
 // ApplySettlement reads a provider settlement file whole (ParseSettlement)
@@ -219,9 +220,6 @@ type SettlementOptions struct {
 func ApplySettlement(ctx context.Context, b DB, r io.Reader, o SettlementOptions) (SettlementSummary, error) {
 	if o.Topic == "" {
 		o.Topic = DefaultTopic
-	}
-	if o.Now == nil {
-		o.Now = time.Now
 	}
 	f, err := ParseSettlement(r)
 	if err != nil {
@@ -242,6 +240,9 @@ func ApplySettlement(ctx context.Context, b DB, r io.Reader, o SettlementOptions
 			// Lines before this one are applied; each is idempotent, so the
 			// file can be applied again once the cause is fixed.
 			return sum, fmt.Errorf("payments: settlement line %d (%s): %w", e.Line, e.OperationID, err)
+		}
+		if l.Result == LineResolved && !o.DryRun && o.Poker != nil {
+			o.Poker.Poke() // the line's event is committed
 		}
 		sum[l.Result]++
 		if o.Report != nil {
@@ -271,7 +272,7 @@ func classify(l *SettlementLine, cur Payment, want Status) {
 }
 
 // planLine is the dry run of applyLine: reads only.
-func planLine(ctx context.Context, q querier, e SettlementEntry) (SettlementLine, error) {
+func planLine(ctx context.Context, q db.RowQuerier, e SettlementEntry) (SettlementLine, error) {
 	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome}
 	cur, err := Get(ctx, q, e.OperationID)
 	switch {
@@ -279,7 +280,7 @@ func planLine(ctx context.Context, q querier, e SettlementEntry) (SettlementLine
 		l.Result, l.Message = LineNotFound, "no payment with this operation_id: money moved at the provider without a payment of ours"
 		return l, nil
 	case err != nil:
-		return l, err
+		return l, fmt.Errorf("payments: read %s: %w", e.OperationID, err)
 	}
 	if cur.Status == StatusUnknown {
 		l.Result, l.Message = LineResolved, "would resolve unknown → "+string(statusOf(e.Outcome))
@@ -301,10 +302,18 @@ func planLine(ctx context.Context, q querier, e SettlementEntry) (SettlementLine
 
 func applyLine(ctx context.Context, b DB, f SettlementFile, e SettlementEntry, o SettlementOptions) (SettlementLine, error) {
 	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome}
-	now := o.Now().UTC()
+	var now *time.Time
+	if o.Now != nil {
+		t := o.Now().UTC().Truncate(time.Microsecond)
+		now = &t
+	}
+	var resolveNow time.Time
+	if now != nil {
+		resolveNow = *now
+	}
 	err := db.WithTx(ctx, b, func(tx pgx.Tx) error {
 		l.Result, l.Message = "", ""
-		p, err := Resolve(ctx, tx, e.OperationID, e.Outcome, ResolveOptions{ProviderRef: e.ProviderRef, ResolvedBy: "settlement:" + o.Source, Topic: o.Topic, Now: now})
+		p, err := Resolve(ctx, tx, e.OperationID, e.Outcome, ResolveOptions{ProviderRef: e.ProviderRef, ResolvedBy: "settlement:" + o.Source, Topic: o.Topic, Now: resolveNow})
 		switch {
 		case err == nil:
 			l.Result, l.Message = LineResolved, "unknown → "+string(p.Status)
@@ -319,14 +328,14 @@ func applyLine(ctx context.Context, b DB, f SettlementFile, e SettlementEntry, o
 		// status the discrepancy is filed against.
 		cur, err := getForUpdate(ctx, tx, e.OperationID)
 		if err != nil {
-			return err
+			return fmt.Errorf("payments: lock %s: %w", e.OperationID, err)
 		}
 		classify(&l, cur, statusOf(e.Outcome))
 		if l.Result != LineDiscrepancy {
 			return nil
 		}
 		created, err := recordDiscrepancy(ctx, tx, Discrepancy{OperationID: e.OperationID, RecordedStatus: cur.Status, ProviderOutcome: e.Outcome,
-			Source: DiscrepancySettlement, Evidence: fmt.Sprintf("settlement %s sha256:%s line %d", o.Source, f.SHA256, e.Line), ProviderRef: e.ProviderRef, DetectedAt: now})
+			Source: DiscrepancySettlement, Evidence: fmt.Sprintf("settlement %s sha256:%s line %d", o.Source, f.SHA256, e.Line), ProviderRef: e.ProviderRef}, now)
 		if err != nil {
 			return err
 		}

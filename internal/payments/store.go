@@ -14,12 +14,6 @@ import (
 	"github.com/sluice-dev/sluice/internal/db"
 )
 
-// querier is a pool, a connection or a transaction.
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // notFound turns pgx.ErrNoRows into ErrNotFound: the one place it happens.
 func notFound(err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -47,12 +41,12 @@ func scanRecord(row pgx.Row) (Record, error) {
 }
 
 // GetRecord reads the idempotency record of (merchant, key).
-func GetRecord(ctx context.Context, q querier, merchantID, key string) (Record, error) {
+func GetRecord(ctx context.Context, q db.RowQuerier, merchantID, key string) (Record, error) {
 	return scanRecord(q.QueryRow(ctx, `SELECT `+recordCols+` FROM idempotency_record WHERE merchant_id = $1 AND idempotency_key = $2`, merchantID, key))
 }
 
 // RecordByOperation reads the idempotency record of an operation.
-func RecordByOperation(ctx context.Context, q querier, op uuid.UUID) (Record, error) {
+func RecordByOperation(ctx context.Context, q db.RowQuerier, op uuid.UUID) (Record, error) {
 	return scanRecord(q.QueryRow(ctx, `SELECT `+recordCols+` FROM idempotency_record WHERE operation_id = $1`, op))
 }
 
@@ -83,14 +77,14 @@ func scanPayment(row pgx.Row) (Payment, error) {
 }
 
 // Get reads one payment.
-func Get(ctx context.Context, q querier, op uuid.UUID) (Payment, error) {
+func Get(ctx context.Context, q db.RowQuerier, op uuid.UUID) (Payment, error) {
 	return scanPayment(q.QueryRow(ctx, `SELECT `+paymentCols+` FROM payment WHERE operation_id = $1`, op))
 }
 
 // LiveAttempt reads the invoice's attempt that is not failed (processing,
 // unknown or completed): the one that blocks a new attempt. ErrNotFound
 // when every attempt failed or there is none.
-func LiveAttempt(ctx context.Context, q querier, merchantID, invoiceID, paymentType string) (Payment, error) {
+func LiveAttempt(ctx context.Context, q db.RowQuerier, merchantID, invoiceID, paymentType string) (Payment, error) {
 	return scanPayment(q.QueryRow(ctx, `SELECT `+paymentCols+` FROM payment
 		WHERE merchant_id = $1 AND invoice_id = $2 AND payment_type = $3 AND status <> 'failed'`, merchantID, invoiceID, paymentType))
 }
@@ -102,25 +96,16 @@ func getForUpdate(ctx context.Context, tx pgx.Tx, op uuid.UUID) (Payment, error)
 
 // ListUnknown returns unknown payments, oldest first (the partial index
 // payment_unknown_idx keeps this O(unknown)).
-func ListUnknown(ctx context.Context, q querier, limit int) ([]Payment, error) {
+func ListUnknown(ctx context.Context, q db.Querier, limit int) ([]Payment, error) {
 	rows, err := q.Query(ctx, `SELECT `+paymentCols+` FROM payment WHERE status = 'unknown' ORDER BY unknown_since, operation_id LIMIT $1`, limit)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("payments: list unknown: %w", err)
 	}
-	defer rows.Close()
-	var out []Payment
-	for rows.Next() {
-		p, err := scanPayment(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p)
-	}
-	return out, rows.Err()
+	return collectPayments(rows, "list unknown")
 }
 
 // ReservationOf reads an operation's reservation.
-func ReservationOf(ctx context.Context, q querier, op uuid.UUID) (Reservation, error) {
+func ReservationOf(ctx context.Context, q db.RowQuerier, op uuid.UUID) (Reservation, error) {
 	var r Reservation
 	var amount string
 	err := q.QueryRow(ctx, `SELECT operation_id, account_id, amount::text, status FROM balance_reservation WHERE operation_id = $1`, op).
@@ -128,16 +113,18 @@ func ReservationOf(ctx context.Context, q querier, op uuid.UUID) (Reservation, e
 	if err != nil {
 		return Reservation{}, notFound(err)
 	}
-	r.Amount, err = decimal.NewFromString(amount)
-	return r, err
+	if r.Amount, err = decimal.NewFromString(amount); err != nil {
+		return Reservation{}, fmt.Errorf("payments: reservation of %s amount %q: %w", op, amount, err)
+	}
+	return r, nil
 }
 
 // LedgerOf lists an operation's ledger entries in order.
-func LedgerOf(ctx context.Context, q querier, op uuid.UUID) ([]LedgerEntry, error) {
+func LedgerOf(ctx context.Context, q db.Querier, op uuid.UUID) ([]LedgerEntry, error) {
 	rows, err := q.Query(ctx, `SELECT entry_id, operation_id, account_id, entry_type, amount::text, currency, coalesce(memo, ''), created_at
 		FROM ledger_entry WHERE operation_id = $1 ORDER BY entry_id`, op)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("payments: ledger of %s: %w", op, err)
 	}
 	defer rows.Close()
 	var out []LedgerEntry
@@ -145,14 +132,17 @@ func LedgerOf(ctx context.Context, q querier, op uuid.UUID) ([]LedgerEntry, erro
 		var e LedgerEntry
 		var amount string
 		if err := rows.Scan(&e.EntryID, &e.OperationID, &e.AccountID, &e.EntryType, &amount, &e.Currency, &e.Memo, &e.CreatedAt); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("payments: ledger of %s: %w", op, err)
 		}
 		if e.Amount, err = decimal.NewFromString(amount); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("payments: ledger of %s: amount %q: %w", op, amount, err)
 		}
 		out = append(out, e)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("payments: ledger of %s: %w", op, err)
+	}
+	return out, nil
 }
 
 // Account is one account row.
@@ -167,15 +157,19 @@ type Account struct {
 func (a Account) Available() decimal.Decimal { return a.Balance.Sub(a.Reserved) }
 
 // GetAccount reads an account.
-func GetAccount(ctx context.Context, q querier, id int64) (Account, error) {
+func GetAccount(ctx context.Context, q db.RowQuerier, id int64) (Account, error) {
 	var a Account
 	var bal, res string
 	err := q.QueryRow(ctx, `SELECT account_id, currency, balance::text, reserved::text FROM account WHERE account_id = $1`, id).Scan(&a.AccountID, &a.Currency, &bal, &res)
 	if err != nil {
 		return Account{}, notFound(err)
 	}
-	a.Balance, _ = decimal.NewFromString(bal)
-	a.Reserved, _ = decimal.NewFromString(res)
+	if a.Balance, err = decimal.NewFromString(bal); err != nil {
+		return Account{}, fmt.Errorf("payments: account %d balance %q: %w", id, bal, err)
+	}
+	if a.Reserved, err = decimal.NewFromString(res); err != nil {
+		return Account{}, fmt.Errorf("payments: account %d reserved %q: %w", id, res, err)
+	}
 	return a, nil
 }
 
@@ -184,7 +178,7 @@ func GetAccount(ctx context.Context, q querier, id int64) (Account, error) {
 // credit so the balance can be recomputed from the ledger. An existing
 // account is left as it is (ErrAccountExists).
 func CreateAccount(ctx context.Context, b db.Beginner, merchantID string, id int64, currency string, opening decimal.Decimal) error {
-	if !Currencies[currency] {
+	if !SupportedCurrency(currency) {
 		return fmt.Errorf("payments: currency %q is not supported", currency)
 	}
 	if opening.IsNegative() {
@@ -219,7 +213,7 @@ func Credit(ctx context.Context, b db.Beginner, id int64, amount decimal.Decimal
 	return db.WithTx(ctx, b, func(tx pgx.Tx) error {
 		var currency string
 		if err := tx.QueryRow(ctx, `SELECT currency FROM account WHERE account_id = $1`, id).Scan(&currency); err != nil {
-			return notFound(err)
+			return fmt.Errorf("payments: credit account %d: %w", id, notFound(err))
 		}
 		return credit(ctx, tx, id, currency, amount, memo)
 	})
@@ -228,14 +222,16 @@ func Credit(ctx context.Context, b db.Beginner, id int64, amount decimal.Decimal
 func credit(ctx context.Context, tx pgx.Tx, id int64, currency string, amount decimal.Decimal, memo string) error {
 	op, err := uuid.NewV7()
 	if err != nil {
-		return err
+		return fmt.Errorf("payments: credit account %d: %w", id, err)
 	}
 	if _, err := tx.Exec(ctx, `UPDATE account SET balance = balance + $2::numeric, updated_at = now() WHERE account_id = $1`, id, amount.StringFixed(2)); err != nil {
-		return err
+		return fmt.Errorf("payments: credit account %d: %w", id, err)
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO ledger_entry (operation_id, account_id, entry_type, amount, currency, memo) VALUES ($1, $2, 'credit', $3::numeric, $4, $5)`,
-		op, id, amount.StringFixed(2), currency, memo)
-	return err
+	if _, err = tx.Exec(ctx, `INSERT INTO ledger_entry (operation_id, account_id, entry_type, amount, currency, memo) VALUES ($1, $2, 'credit', $3::numeric, $4, $5)`,
+		op, id, amount.StringFixed(2), currency, memo); err != nil {
+		return fmt.Errorf("payments: ledger credit of account %d: %w", id, err)
+	}
+	return nil
 }
 
 // ListFilter selects a page of payments for the console: by status (empty:
@@ -250,7 +246,7 @@ type ListFilter struct {
 }
 
 // List returns one page of payments.
-func List(ctx context.Context, q querier, f ListFilter) ([]Payment, error) {
+func List(ctx context.Context, q db.Querier, f ListFilter) ([]Payment, error) {
 	if f.Limit <= 0 || f.Limit > 500 {
 		f.Limit = 50
 	}
@@ -260,16 +256,67 @@ func List(ctx context.Context, q querier, f ListFilter) ([]Payment, error) {
 		ORDER BY created_at DESC, operation_id DESC
 		LIMIT $5`, string(f.Status), f.HasCursor, f.AfterTime, f.AfterOpID, f.Limit)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("payments: list payments: %w", err)
 	}
+	return collectPayments(rows, "list payments")
+}
+
+// collectPayments scans every row of a payment query; what names it in errors.
+func collectPayments(rows pgx.Rows, what string) ([]Payment, error) {
 	defer rows.Close()
 	var out []Payment
 	for rows.Next() {
 		p, err := scanPayment(rows)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("payments: %s: %w", what, err)
 		}
 		out = append(out, p)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("payments: %s: %w", what, err)
+	}
+	return out, nil
+}
+
+// ErrBooksDisagree is returned by CheckBooks for an account whose books do
+// not add up.
+var ErrBooksDisagree = errors.New("payments: books do not add up")
+
+// CheckBooks verifies an account's books: reserved equals its active
+// reservations, the balance equals the ledger's credits minus debits, and
+// neither the balance nor what is available is negative.
+func CheckBooks(ctx context.Context, q db.RowQuerier, id int64) error {
+	a, err := GetAccount(ctx, q, id)
+	if err != nil {
+		return fmt.Errorf("payments: check books of %d: %w", id, err)
+	}
+	var active, ledger string
+	if err := q.QueryRow(ctx, `
+		SELECT (SELECT coalesce(sum(amount), 0)::text FROM balance_reservation WHERE account_id = $1 AND status = 'active'),
+		       (SELECT coalesce(sum(CASE WHEN entry_type = 'credit' THEN amount ELSE -amount END), 0)::text FROM ledger_entry WHERE account_id = $1)`,
+		id).Scan(&active, &ledger); err != nil {
+		return fmt.Errorf("payments: check books of %d: %w", id, err)
+	}
+	activeSum, err := decimal.NewFromString(active)
+	if err != nil {
+		return fmt.Errorf("payments: check books of %d: reservations %q: %w", id, active, err)
+	}
+	ledgerSum, err := decimal.NewFromString(ledger)
+	if err != nil {
+		return fmt.Errorf("payments: check books of %d: ledger %q: %w", id, ledger, err)
+	}
+	var problems []error
+	if !a.Reserved.Equal(activeSum) {
+		problems = append(problems, fmt.Errorf("reserved %s but active reservations sum to %s", a.Reserved, active))
+	}
+	if !a.Balance.Equal(ledgerSum) {
+		problems = append(problems, fmt.Errorf("balance %s but the ledger says %s", a.Balance, ledger))
+	}
+	if a.Balance.IsNegative() || a.Available().IsNegative() {
+		problems = append(problems, fmt.Errorf("balance %s reserved %s", a.Balance, a.Reserved))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: account %d: %w", ErrBooksDisagree, id, errors.Join(problems...))
+	}
+	return nil
 }

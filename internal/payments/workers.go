@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
 )
 
@@ -24,17 +24,6 @@ func (s *Service) RunWorkers(ctx context.Context) error {
 		{"recovery", s.cfg.RecoveryInterval, s.RecoverOnce},
 		{"reconcile", s.cfg.ReconcileInterval, s.ReconcileOnce},
 		{"expiry", s.cfg.ExpiryInterval, s.PruneOnce},
-	}
-	if s.clk != nil {
-		// Sync before the first recovery pass compares leases.
-		if _, err := s.clk.sync(ctx, s.pool); err != nil && ctx.Err() == nil {
-			s.log.Warn("payments: sync clock with the database", "err", err)
-		}
-		loops = append(loops, struct {
-			name  string
-			every time.Duration
-			pass  func(context.Context) (int, error)
-		}{"clock", 30 * time.Second, func(ctx context.Context) (int, error) { return s.clk.sync(ctx, s.pool) }})
 	}
 	done := make(chan struct{}, len(loops))
 	for _, l := range loops {
@@ -70,31 +59,34 @@ func (s *Service) RunWorkers(ctx context.Context) error {
 // processing payment is claimed atomically, and its outcome is asked from
 // the provider before anything else: never a blind second charge.
 func (s *Service) RecoverOnce(ctx context.Context) (int, error) {
-	now := s.now()
 	// The lease is the fence: an owner still alive extends it in its reserve
 	// transaction (row-locked), and this DELETE re-checks it after waiting.
+	// Leases are compared on the database clock (dbNow), not this host's.
 	tag, err := s.pool.Exec(ctx, `
 		DELETE FROM idempotency_record r
 		WHERE r.ctid IN (
 			SELECT ctid FROM idempotency_record
-			WHERE status = 'processing' AND locked_until < $1
-			ORDER BY locked_until LIMIT $2)
-		  AND r.status = 'processing' AND r.locked_until < $1
-		  AND NOT EXISTS (SELECT 1 FROM payment p WHERE p.operation_id = r.operation_id)`, now, s.cfg.Batch)
+			WHERE status = 'processing' AND locked_until < `+dbNow+`
+			ORDER BY locked_until LIMIT @batch)
+		  AND r.status = 'processing' AND r.locked_until < `+dbNow+`
+		  AND NOT EXISTS (SELECT 1 FROM payment p WHERE p.operation_id = r.operation_id)`,
+		pgx.NamedArgs{"now": s.nowArg(), "batch": s.cfg.Batch})
 	if err != nil {
 		return 0, fmt.Errorf("payments: release orphaned keys: %w", err)
 	}
 	n := int(tag.RowsAffected())
 	rows, err := s.pool.Query(ctx, `
-		UPDATE idempotency_record r SET locked_until = $2, updated_at = $1
+		UPDATE idempotency_record r SET locked_until = t.now + @lease::bigint * interval '1 microsecond', updated_at = t.now
+		FROM (SELECT `+dbNow+` AS now) t
 		WHERE (r.merchant_id, r.idempotency_key) IN (
 			SELECT merchant_id, idempotency_key FROM idempotency_record
-			WHERE status = 'processing' AND locked_until < $1
-			ORDER BY locked_until LIMIT $3
+			WHERE status = 'processing' AND locked_until < t.now
+			ORDER BY locked_until LIMIT @batch
 			FOR UPDATE SKIP LOCKED)
-		  AND r.status = 'processing' AND r.locked_until < $1
+		  AND r.status = 'processing' AND r.locked_until < t.now
 		  AND EXISTS (SELECT 1 FROM payment p WHERE p.operation_id = r.operation_id)
-		RETURNING r.operation_id, r.locked_until`, now, now.Add(s.cfg.Lease), s.cfg.Batch)
+		RETURNING r.operation_id, r.locked_until`,
+		pgx.NamedArgs{"now": s.nowArg(), "lease": s.cfg.Lease.Microseconds(), "batch": s.cfg.Batch})
 	if err != nil {
 		return n, fmt.Errorf("payments: claim expired leases: %w", err)
 	}
@@ -107,13 +99,13 @@ func (s *Service) RecoverOnce(ctx context.Context) (int, error) {
 		var c claim
 		if err := rows.Scan(&c.op, &c.lease); err != nil {
 			rows.Close()
-			return n, err
+			return n, fmt.Errorf("payments: claim expired leases: %w", err)
 		}
 		claims = append(claims, c)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return n, err
+		return n, fmt.Errorf("payments: claim expired leases: %w", err)
 	}
 	var errs []error
 	for _, c := range claims {
@@ -129,7 +121,7 @@ func (s *Service) RecoverOnce(ctx context.Context) (int, error) {
 func (s *Service) recoverOne(ctx context.Context, op uuid.UUID, lease time.Time) error {
 	p, err := Get(ctx, s.pool, op)
 	if err != nil {
-		return err
+		return fmt.Errorf("payments: recover %s: %w", op, err)
 	}
 	if p.Status != StatusProcessing {
 		return nil
@@ -155,7 +147,10 @@ func (s *Service) recoverOne(ctx context.Context, op uuid.UUID, lease time.Time)
 	if errors.Is(err, ErrLeaseLost) || errors.Is(err, errStateChanged) {
 		return nil
 	}
-	return err
+	if err != nil {
+		return fmt.Errorf("payments: recover %s: %w", op, err)
+	}
+	return nil
 }
 
 // ReconcileOnce inquires the provider about unknown payments that are due,
@@ -163,26 +158,16 @@ func (s *Service) recoverOne(ctx context.Context, op uuid.UUID, lease time.Time)
 // payment once; no answer (unknown, not found, an error) leaves it unknown
 // and its reservation active. It also refreshes the unknown gauges.
 func (s *Service) ReconcileOnce(ctx context.Context) (int, error) {
-	now := s.now()
 	rows, err := s.pool.Query(ctx, `
 		SELECT operation_id FROM payment
-		WHERE status = 'unknown' AND (next_inquiry_at IS NULL OR next_inquiry_at <= $1)
-		ORDER BY unknown_since, operation_id LIMIT $2`, now, s.cfg.Batch)
+		WHERE status = 'unknown' AND (next_inquiry_at IS NULL OR next_inquiry_at <= `+dbNow+`)
+		ORDER BY unknown_since, operation_id LIMIT @batch`, pgx.NamedArgs{"now": s.nowArg(), "batch": s.cfg.Batch})
 	if err != nil {
 		return 0, fmt.Errorf("payments: list unknown: %w", err)
 	}
-	var ops []uuid.UUID
-	for rows.Next() {
-		var op uuid.UUID
-		if err := rows.Scan(&op); err != nil {
-			rows.Close()
-			return 0, err
-		}
-		ops = append(ops, op)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return 0, err
+	ops, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return 0, fmt.Errorf("payments: list unknown: %w", err)
 	}
 	n := 0
 	var errs []error
@@ -196,7 +181,7 @@ func (s *Service) ReconcileOnce(ctx context.Context) (int, error) {
 			n++
 		}
 	}
-	checked, err := s.checkFailed(ctx, now)
+	checked, err := s.checkFailed(ctx)
 	n += checked
 	if err != nil {
 		errs = append(errs, err)
@@ -217,11 +202,11 @@ const failedChecks = 3
 // re-check is due (payment_failed_check_idx keeps it O(due)); a provider
 // saying it charged one files a discrepancy. It returns how many
 // discrepancies it filed.
-func (s *Service) checkFailed(ctx context.Context, now time.Time) (int, error) {
+func (s *Service) checkFailed(ctx context.Context) (int, error) {
 	rows, err := s.pool.Query(ctx, `
 		SELECT operation_id FROM payment
-		WHERE status = 'failed' AND next_inquiry_at IS NOT NULL AND next_inquiry_at <= $1
-		ORDER BY next_inquiry_at LIMIT $2`, now, s.cfg.Batch)
+		WHERE status = 'failed' AND next_inquiry_at IS NOT NULL AND next_inquiry_at <= `+dbNow+`
+		ORDER BY next_inquiry_at LIMIT @batch`, pgx.NamedArgs{"now": s.nowArg(), "batch": s.cfg.Batch})
 	if err != nil {
 		return 0, fmt.Errorf("payments: list failed payments to re-check: %w", err)
 	}
@@ -262,7 +247,7 @@ type InquiryReport struct {
 func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, error) {
 	p, err := Get(ctx, s.pool, op)
 	if err != nil {
-		return InquiryReport{}, err
+		return InquiryReport{}, fmt.Errorf("payments: inquire %s: %w", op, err)
 	}
 	rep := InquiryReport{OperationID: op, Status: p.Status}
 	res, ierr := s.inquire(ctx, p)
@@ -271,9 +256,8 @@ func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, err
 	} else {
 		rep.Answer = res.Outcome
 	}
-	now := s.now()
 	if p.Status == StatusCompleted || p.Status == StatusFailed {
-		return rep, s.inquiredFinal(ctx, p, res, ierr, now, &rep)
+		return rep, s.inquiredFinal(ctx, p, res, ierr, &rep)
 	}
 	if p.Status != StatusUnknown {
 		return rep, nil
@@ -283,15 +267,14 @@ func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, err
 		if res.Outcome == provider.Declined {
 			outcome = OutcomeFailed
 		}
-		var rp Payment
-		err := db.WithTx(ctx, s.pool, func(tx pgx.Tx) error {
-			var err error
-			code := ""
-			if outcome == OutcomeFailed {
-				code = CodeDeclined
-			}
-			rp, err = Resolve(ctx, tx, op, outcome, ResolveOptions{ProviderRef: res.ProviderRef, FailureCode: code, ResolvedBy: "inquiry", Topic: s.cfg.Topic, Now: now})
-			return err
+		code := ""
+		if outcome == OutcomeFailed {
+			code = CodeDeclined
+		}
+		rp, err := db.WithTxV(ctx, s.pool, func(tx pgx.Tx) (Payment, error) {
+			p, _, err := transition(ctx, tx, op, StatusUnknown, statusOf(outcome),
+				details{providerRef: res.ProviderRef, failureCode: code, resolvedBy: "inquiry"}, s.nowArg(), s.cfg.Topic)
+			return p, err
 		})
 		switch {
 		case errors.Is(err, ErrNotUnknown):
@@ -301,28 +284,41 @@ func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, err
 			}
 			return rep, nil
 		case err != nil:
-			return rep, err
+			return rep, fmt.Errorf("payments: resolve %s by inquiry: %w", op, err)
 		}
+		s.poke()
 		s.m.payments.WithLabelValues(string(rp.Status)).Inc()
 		rep.Resolved, rep.Status = true, rp.Status
 		return rep, nil
 	}
-	next := now.Add(backoff(s.cfg.InquiryBackoff, s.cfg.InquiryBackoffMax, p.InquiryAttempts+1))
-	_, err = s.pool.Exec(ctx, `
-		UPDATE payment SET inquiry_attempts = inquiry_attempts + 1, next_inquiry_at = $2, updated_at = $3
-		WHERE operation_id = $1 AND status = 'unknown'`, op, next, now)
-	return rep, err
+	if _, err := s.pool.Exec(ctx, `
+		UPDATE payment SET inquiry_attempts = inquiry_attempts + 1, updated_at = t.now,
+			next_inquiry_at = t.now + @delay::bigint * interval '1 microsecond'
+		FROM (SELECT `+dbNow+` AS now) t
+		WHERE operation_id = @op AND status = 'unknown'`,
+		pgx.NamedArgs{"op": op, "now": s.nowArg(), "delay": s.inquiryDelay(p.InquiryAttempts + 1).Microseconds()}); err != nil {
+		return rep, fmt.Errorf("payments: schedule the next inquiry of %s: %w", op, err)
+	}
+	return rep, nil
+}
+
+// inquiryDelay is the wait before the attempts-th next inquiry of one
+// payment: the outbox's backoff (exponential, capped, jittered), so
+// payments that went unknown together (a provider outage) are not all
+// asked again in the same instant.
+func (s *Service) inquiryDelay(attempts int) time.Duration {
+	return outbox.Backoff{Base: s.cfg.InquiryBackoff, Cap: s.cfg.InquiryBackoffMax}.Delay(attempts)
 }
 
 // inquiredFinal acts on an inquiry's answer about a completed or failed
 // payment: a contradiction becomes a discrepancy, and a pending re-check of
 // a provider_unavailable failure is counted (ended by a definite answer or
 // after failedChecks).
-func (s *Service) inquiredFinal(ctx context.Context, p Payment, res provider.Result, ierr error, now time.Time, rep *InquiryReport) error {
+func (s *Service) inquiredFinal(ctx context.Context, p Payment, res provider.Result, ierr error, rep *InquiryReport) error {
 	definite := ierr == nil && res.Outcome.Definite()
 	if definite && contradicts(p.Status, outcomeOfProvider(res.Outcome)) {
 		created, err := recordDiscrepancy(ctx, s.pool, Discrepancy{OperationID: p.OperationID, RecordedStatus: p.Status,
-			ProviderOutcome: outcomeOfProvider(res.Outcome), Source: DiscrepancyInquiry, Evidence: "inquiry", ProviderRef: res.ProviderRef, DetectedAt: now})
+			ProviderOutcome: outcomeOfProvider(res.Outcome), Source: DiscrepancyInquiry, Evidence: "inquiry", ProviderRef: res.ProviderRef}, s.nowArg())
 		if err != nil {
 			return err
 		}
@@ -335,61 +331,32 @@ func (s *Service) inquiredFinal(ctx context.Context, p Payment, res provider.Res
 	if p.Status != StatusFailed || p.NextInquiryAt == nil {
 		return nil
 	}
-	next := now.Add(backoff(s.cfg.InquiryBackoff, s.cfg.InquiryBackoffMax, p.InquiryAttempts+1))
 	if _, err := s.pool.Exec(ctx, `
-		UPDATE payment SET inquiry_attempts = inquiry_attempts + 1, updated_at = $4,
-			next_inquiry_at = CASE WHEN $2 OR inquiry_attempts + 1 >= $5 THEN NULL ELSE $3::timestamptz END
-		WHERE operation_id = $1 AND status = 'failed' AND next_inquiry_at IS NOT NULL`, p.OperationID, definite, next, now, failedChecks); err != nil {
+		UPDATE payment SET inquiry_attempts = inquiry_attempts + 1, updated_at = t.now,
+			next_inquiry_at = CASE WHEN @definite OR inquiry_attempts + 1 >= @checks THEN NULL
+			                       ELSE t.now + @delay::bigint * interval '1 microsecond' END
+		FROM (SELECT `+dbNow+` AS now) t
+		WHERE operation_id = @op AND status = 'failed' AND next_inquiry_at IS NOT NULL`, pgx.NamedArgs{
+		"op": p.OperationID, "definite": definite, "checks": failedChecks, "now": s.nowArg(),
+		"delay": s.inquiryDelay(p.InquiryAttempts + 1).Microseconds(),
+	}); err != nil {
 		return fmt.Errorf("payments: schedule the re-check of failed %s: %w", p.OperationID, err)
 	}
 	return nil
 }
 
-// backoff is base·2^(attempt-1), capped.
-func backoff(base, max time.Duration, attempt int) time.Duration {
-	if attempt < 1 {
-		attempt = 1
-	}
-	f := float64(base) * math.Pow(2, float64(attempt-1))
-	if f > float64(max) || math.IsInf(f, 0) {
-		return max
-	}
-	return time.Duration(f)
-}
-
-// UnknownStats is the count of unknown payments and the oldest one's age.
-type UnknownStats struct {
-	Count     int
-	OldestAge time.Duration
-}
-
-// Unknown reads UnknownStats (O(unknown) via the partial index).
-func (s *Service) Unknown(ctx context.Context) (UnknownStats, error) {
-	var st UnknownStats
-	var oldest *time.Time
-	if err := s.pool.QueryRow(ctx, `SELECT count(*), min(unknown_since) FROM payment WHERE status = 'unknown'`).Scan(&st.Count, &oldest); err != nil {
-		return st, err
-	}
-	if oldest != nil {
-		st.OldestAge = max(s.now().Sub(*oldest), 0)
-	}
-	return st, nil
-}
-
 // RefreshGauges sets sluice_payments_unknown,
-// sluice_payments_reconcile_age_seconds and sluice_payments_discrepancies.
+// sluice_payments_reconcile_age_seconds and sluice_payments_discrepancies
+// from HealthRead, the definition the dashboard shows.
 func (s *Service) RefreshGauges(ctx context.Context) error {
-	st, err := s.Unknown(ctx)
-	if err != nil {
-		return err
+	r := HealthRead{Now: s.nowArg()}
+	if _, err := db.ReadAll(ctx, s.pool, &r); err != nil {
+		return fmt.Errorf("payments: refresh gauges: %w", err)
 	}
-	s.m.unknown.Set(float64(st.Count))
-	s.m.reconcileAge.Set(st.OldestAge.Seconds())
-	open, err := CountOpenDiscrepancies(ctx, s.pool)
-	if err != nil {
-		return err
-	}
-	s.m.discrepancy.Set(float64(open))
+	h := r.Health
+	s.m.unknown.Set(float64(h.Unknown))
+	s.m.reconcileAge.Set(h.ReconcileAge.Seconds())
+	s.m.discrepancy.Set(float64(h.Discrepancies))
 	return nil
 }
 
@@ -397,20 +364,22 @@ func (s *Service) RefreshGauges(ctx context.Context) error {
 // batches. Payments (business uniqueness) and the ledger are kept; a key
 // still processing is left to recovery.
 func (s *Service) PruneOnce(ctx context.Context) (int, error) {
-	total := 0
-	for {
-		tag, err := s.pool.Exec(ctx, `
-			DELETE FROM idempotency_record WHERE ctid IN (
-				SELECT ctid FROM idempotency_record
-				WHERE expires_at < $1 AND status <> 'processing'
-				ORDER BY expires_at -- walk idempotency_record_expires_idx oldest first
-				LIMIT $2)`, s.now(), s.cfg.ExpiryBatch)
-		if err != nil {
-			return total, fmt.Errorf("payments: prune keys: %w", err)
-		}
-		total += int(tag.RowsAffected())
-		if int(tag.RowsAffected()) < s.cfg.ExpiryBatch || ctx.Err() != nil {
-			return total, ctx.Err()
-		}
+	cutoff, err := s.clockNow(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("payments: prune keys: %w", err)
 	}
+	n, err := db.DeleteInBatches(ctx, s.pool, "payments: prune keys", `
+		DELETE FROM idempotency_record WHERE ctid IN (
+			SELECT ctid FROM idempotency_record
+			WHERE expires_at < $1 AND status <> 'processing'
+			ORDER BY expires_at -- walk idempotency_record_expires_idx oldest first
+			LIMIT $2)`, cutoff, s.cfg.ExpiryBatch)
+	return int(n), err
+}
+
+// clockNow reads the service's clock: the injected one, or the database's.
+func (s *Service) clockNow(ctx context.Context) (time.Time, error) {
+	var now time.Time
+	err := s.pool.QueryRow(ctx, `SELECT `+dbNow, pgx.NamedArgs{"now": s.nowArg()}).Scan(&now)
+	return now, err
 }

@@ -40,6 +40,10 @@ var DemoUsers = []struct{ Username, Group string }{
 	{"admin", "sre"},
 }
 
+// RolesClaim is the ID token and userinfo claim that carries a demo user's
+// groups (OIDC_ROLES_CLAIM of a console signing in through this provider).
+const RolesClaim = "groups"
+
 // DemoRoleMap maps the demo users' groups to console roles (CONSOLE_ROLE_MAP).
 const DemoRoleMap = "support:viewer,oncall:operator,audit:auditor,sre:admin"
 

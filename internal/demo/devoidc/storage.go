@@ -397,7 +397,7 @@ func (s *storage) SetUserinfoFromRequest(_ context.Context, info *oidc.UserInfo,
 		return nil
 	}
 	if u := s.userByID(r.GetSubject()); u != nil {
-		info.AppendClaims("groups", u.groups)
+		info.AppendClaims(RolesClaim, u.groups)
 	}
 	return nil
 }

@@ -26,11 +26,15 @@ type Client struct {
 	timeout time.Duration
 }
 
+// DefaultTimeout is how long one provider call may take when NewClient is
+// given none (PROVIDER_TIMEOUT's default).
+const DefaultTimeout = 5 * time.Second
+
 // NewClient returns a client for the provider at baseURL; each call gives
 // up after timeout.
 func NewClient(baseURL string, timeout time.Duration) *Client {
 	if timeout <= 0 {
-		timeout = 5 * time.Second
+		timeout = DefaultTimeout
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 64

@@ -85,13 +85,20 @@ type Simulator struct {
 	once sync.Once
 }
 
+// Defaults of SimConfig, applied to zero fields (and shown by
+// `console provider-sim --help`).
+const (
+	DefaultSlowDelay = 1500 * time.Millisecond
+	DefaultHangFor   = 30 * time.Second
+)
+
 // NewSimulator builds a simulator; Start serves it.
 func NewSimulator(cfg SimConfig) *Simulator {
 	if cfg.SlowDelay <= 0 {
-		cfg.SlowDelay = 1500 * time.Millisecond
+		cfg.SlowDelay = DefaultSlowDelay
 	}
 	if cfg.HangFor <= 0 {
-		cfg.HangFor = 30 * time.Second
+		cfg.HangFor = DefaultHangFor
 	}
 	seed := cfg.Seed
 	if seed == 0 {

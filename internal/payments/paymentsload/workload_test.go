@@ -1,7 +1,8 @@
-package payments
+package paymentsload_test
 
 import (
 	"context"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -10,14 +11,20 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/payments/paymentsapi"
+	"github.com/sluice-dev/sluice/internal/payments/paymentsload"
+	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
-	"github.com/sluice-dev/sluice/internal/pii"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 // The whole service under a faulty provider and a retrying client
 // population, with the workers running on the real clock: afterwards every
 // payment is final, money moved at the provider exactly for the completed
 // payments, once each, and the books add up.
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
 func TestWorkloadUnderFaults(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
@@ -27,19 +34,24 @@ func TestWorkloadUnderFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sim.Close()
-	keys, blind, _ := pii.GenerateSpec("w1")
-	kr, _ := pii.ParseKeyring(keys, blind)
-	svc, err := NewService(pool, provider.NewClient(sim.URL(), 300*time.Millisecond), kr, Config{
+	svc, err := payments.NewService(pool, provider.NewClient(sim.URL(), 300*time.Millisecond), paymentstest.Keyring(t), payments.Config{
 		Lease: 2 * time.Second, RecoveryInterval: 100 * time.Millisecond, ReconcileInterval: 100 * time.Millisecond,
 		InquiryBackoff: 50 * time.Millisecond, InquiryBackoffMax: 200 * time.Millisecond,
 	}, nil, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := startAPI(t, svc)
+	srv := httptest.NewUnstartedServer(nil)
+	h, err := paymentsapi.New(svc, paymentsapi.Config{AllowedHosts: paymentsapi.AllowedHosts(srv.Listener.Addr().String(), nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Config.Handler = h
+	srv.Start()
+	defer srv.Close()
 	ctx := context.Background()
 	accounts := []int64{1, 2, 3}
-	apiKey, err := SetupMerchant(ctx, pool, "m-work", "workload", accounts, decimal.New(3000, 0))
+	apiKey, err := paymentsload.SetupMerchant(ctx, pool, "m-work", "workload", accounts, decimal.New(3000, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +60,7 @@ func TestWorkloadUnderFaults(t *testing.T) {
 	go func() { defer close(workersDone); _ = svc.RunWorkers(wctx) }()
 	defer func() { stopWorkers(); <-workersDone }()
 
-	w := NewWorkload(WorkloadConfig{BaseURL: srv.URL, APIKey: apiKey, Accounts: accounts, Rate: 40, ClientTimeout: 2 * time.Second, NewKeyRate: 0.2, Pool: pool})
+	w := paymentsload.NewWorkload(paymentsload.WorkloadConfig{BaseURL: srv.URL, APIKey: apiKey, Accounts: accounts, Rate: 40, ClientTimeout: 2 * time.Second, NewKeyRate: 0.2, Pool: pool})
 	lctx, stop := context.WithTimeout(ctx, 3*time.Second)
 	_ = w.Run(lctx)
 	stop()
@@ -56,14 +68,13 @@ func TestWorkloadUnderFaults(t *testing.T) {
 	if st.Started < 20 || st.Completed == 0 {
 		t.Fatalf("workload barely ran: %+v", st)
 	}
-	waitFor(t, "every payment final", func() bool {
+	testkit.Until(t, "every payment final", func() bool {
 		var n int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM payment WHERE status IN ('processing', 'unknown')`).Scan(&n)
 		return n == 0
 	})
-	e := &env{t: t, pool: pool}
 	for _, a := range accounts {
-		e.checkBooks(a)
+		paymentstest.CheckBooks(t, pool, a)
 	}
 	// Provider truth vs. our books.
 	moved := map[uuid.UUID]bool{}
@@ -84,13 +95,13 @@ func TestWorkloadUnderFaults(t *testing.T) {
 		if err := rows.Scan(&op, &status, &debits); err != nil {
 			t.Fatal(err)
 		}
-		switch Status(status) {
-		case StatusCompleted:
+		switch payments.Status(status) {
+		case payments.StatusCompleted:
 			completed++
 			if !moved[op] || debits != 1 {
 				t.Errorf("completed %s: provider charged=%v, debits=%d", op, moved[op], debits)
 			}
-		case StatusFailed:
+		case payments.StatusFailed:
 			if moved[op] || debits != 0 {
 				t.Errorf("failed %s but the provider charged it (or it has %d debits)", op, debits)
 			}
@@ -101,17 +112,4 @@ func TestWorkloadUnderFaults(t *testing.T) {
 		t.Fatalf("provider moved money %d times for %d operations; %d payments completed", sim.MoneyMoved(), len(moved), completed)
 	}
 	t.Logf("workload: %+v; completed %d", st, completed)
-}
-
-func TestDBClockSync(t *testing.T) {
-	t.Parallel()
-	pool := dbtest.New(t)
-	var c dbClock
-	c.offset.Store(int64(time.Hour)) // a badly drifted start
-	if _, err := c.sync(context.Background(), pool); err != nil {
-		t.Fatal(err)
-	}
-	if d := time.Until(c.Now()); d > 5*time.Second || d < -5*time.Second {
-		t.Fatalf("offset after sync with a database on this machine: %s", d)
-	}
 }

@@ -1,4 +1,9 @@
-package payments
+// Package paymentsload is the demo's client population of the payments
+// API: clients that pay over HTTP, time out, retry with the same
+// Idempotency-Key (the right thing) and now and then re-send with a new key
+// (the wrong thing, refused by the business identity). It also sets up the
+// merchant they pay as.
+package paymentsload
 
 import (
 	"bytes"
@@ -18,6 +23,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
+
+	"github.com/sluice-dev/sluice/internal/payments"
 )
 
 // WorkloadConfig describes a demo client population.
@@ -82,14 +89,17 @@ func NewWorkload(cfg WorkloadConfig) *Workload {
 // SetupMerchant makes a merchant ready to pay: the merchant (kept if it
 // exists), its accounts (SetupAccounts) and a new API key, returned once.
 func SetupMerchant(ctx context.Context, pool *pgxpool.Pool, merchantID, name string, accounts []int64, opening decimal.Decimal) (string, error) {
-	if err := CreateMerchant(ctx, pool, merchantID, name); err != nil && !errors.Is(err, ErrMerchantExists) {
-		return "", err
+	if err := payments.CreateMerchant(ctx, pool, merchantID, name); err != nil && !errors.Is(err, payments.ErrMerchantExists) {
+		return "", fmt.Errorf("paymentsload: set up merchant %s: %w", merchantID, err)
 	}
 	if err := SetupAccounts(ctx, pool, merchantID, accounts, opening); err != nil {
 		return "", err
 	}
-	key, _, err := CreateKey(ctx, pool, merchantID)
-	return key, err
+	key, _, err := payments.CreateKey(ctx, pool, merchantID)
+	if err != nil {
+		return "", fmt.Errorf("paymentsload: set up merchant %s: %w", merchantID, err)
+	}
+	return key, nil
 }
 
 // SetupAccounts creates the merchant's accounts (TRY) with an opening
@@ -97,12 +107,12 @@ func SetupMerchant(ctx context.Context, pool *pgxpool.Pool, merchantID, name str
 // merchant when they have no owner yet.
 func SetupAccounts(ctx context.Context, pool *pgxpool.Pool, merchantID string, ids []int64, opening decimal.Decimal) error {
 	for _, id := range ids {
-		err := CreateAccount(ctx, pool, merchantID, id, "TRY", opening)
-		if errors.Is(err, ErrAccountExists) {
-			err = AssignAccount(ctx, pool, merchantID, id)
+		err := payments.CreateAccount(ctx, pool, merchantID, id, "TRY", opening)
+		if errors.Is(err, payments.ErrAccountExists) {
+			err = payments.AssignAccount(ctx, pool, merchantID, id)
 		}
 		if err != nil {
-			return err
+			return fmt.Errorf("paymentsload: set up account %d: %w", id, err)
 		}
 	}
 	return nil
@@ -120,7 +130,7 @@ func (w *Workload) Stats() WorkloadStats {
 // the ones in flight.
 func (w *Workload) Run(ctx context.Context) error {
 	if len(w.cfg.Accounts) == 0 {
-		return errors.New("payments: workload needs accounts")
+		return errors.New("paymentsload: the workload needs accounts")
 	}
 	t := time.NewTicker(time.Duration(float64(time.Second) / w.cfg.Rate))
 	defer t.Stop()
@@ -168,10 +178,10 @@ func (w *Workload) onePayment(ctx context.Context) {
 		w.stats.completed.Add(1)
 	case status == 202:
 		w.stats.unknown.Add(1)
-	case status == 402 && code == CodeInsufficientFunds:
+	case status == 402 && code == payments.CodeInsufficientFunds:
 		w.stats.insufficient.Add(1)
 		if w.cfg.Pool != nil {
-			if err := Credit(ctx, w.cfg.Pool, account, w.cfg.TopUp, "demo top-up"); err != nil && ctx.Err() == nil {
+			if err := payments.Credit(ctx, w.cfg.Pool, account, w.cfg.TopUp, "demo top-up"); err != nil && ctx.Err() == nil {
 				w.cfg.Logger.Warn("workload: top-up", "account", account, "err", err)
 			}
 		}
@@ -180,7 +190,7 @@ func (w *Workload) onePayment(ctx context.Context) {
 	}
 	// A buggy client: the same invoice again under a brand-new key.
 	if status != 0 && status != 402 && rand.Float64() < w.cfg.NewKeyRate {
-		if s, c := w.payWithRetries(ctx, uuid.NewString(), body); s == 422 && c == CodeDuplicateInvoice {
+		if s, c := w.payWithRetries(ctx, uuid.NewString(), body); s == 422 && c == payments.CodeDuplicateInvoice {
 			w.stats.duplicate.Add(1)
 		}
 	}
@@ -212,7 +222,7 @@ func (w *Workload) payWithRetries(ctx context.Context, key string, body []byte) 
 			w.stats.replays.Add(1)
 		}
 		switch {
-		case status == 409 && code == CodeInProgress:
+		case status == 409 && code == payments.CodeInProgress:
 			w.stats.inProgress.Add(1)
 			if retryAfter > 0 {
 				wait = time.Duration(retryAfter) * time.Second

@@ -1,4 +1,4 @@
-package payments
+package paymentsapi_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package payments
+package paymentsapi_test
 
 import (
 	"context"
@@ -12,12 +12,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/shopspring/decimal"
 
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
-	"github.com/sluice-dev/sluice/internal/pii"
 )
 
 // BenchmarkCreatePayments measures POST /v1/payments end to end (HTTP, API
@@ -27,7 +27,7 @@ import (
 // default. It reports payments/s so the two runs show whether throughput
 // grows with clients; nothing here asserts a timing.
 //
-//	go test ./internal/payments -run '^$' -bench CreatePayments -benchtime 3s
+//	go test ./internal/payments/paymentsapi -run '^$' -bench CreatePayments -benchtime 3s
 func BenchmarkCreatePayments(b *testing.B) {
 	for _, clients := range []int{8, 32} {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
@@ -49,13 +49,11 @@ func benchCreate(b *testing.B, clients int) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = sim.Close() })
-	keys, blind, _ := pii.GenerateSpec("b1")
-	kr, _ := pii.ParseKeyring(keys, blind)
-	svc, err := NewService(pool, provider.NewClient(sim.URL(), 5*time.Second), kr, Config{}, nil, prometheus.NewRegistry())
+	svc, err := payments.NewService(pool, provider.NewClient(sim.URL(), 5*time.Second), paymentstest.Keyring(b), payments.Config{}, nil, prometheus.NewRegistry())
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := startAPI(b, svc)
+	srv := startAPI(b, svc, nil, nil)
 	// One account per client, so the run measures the service and not one
 	// hot account's row lock.
 	accounts := make([]int64, clients)
@@ -103,9 +101,9 @@ func benchCreate(b *testing.B, clients int) {
 
 func benchMerchant(b *testing.B, pool *pgxpool.Pool, accounts []int64) string {
 	b.Helper()
-	key, err := SetupMerchant(context.Background(), pool, "m-bench", "bench", accounts, decimal.New(1_000_000_000, 0))
-	if err != nil {
-		b.Fatal(err)
+	key := paymentstest.Merchant(b, pool, paymentstest.MerchantOpts{ID: "m-bench"})
+	for _, id := range accounts {
+		paymentstest.Account(b, pool, paymentstest.AccountOpts{ID: id, Merchant: "m-bench", Balance: "1000000000"})
 	}
 	return key
 }

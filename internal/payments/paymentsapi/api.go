@@ -1,10 +1,18 @@
-package payments
+// Package paymentsapi is the HTTP transport of the payments service: the
+// echo routes of POST /v1/payments and GET /v1/payments/{operation_id}, the
+// Host allowlist, API-key authentication, request parsing into
+// payments.Request, the one error path and the request metrics. The
+// domain (package payments) knows nothing of HTTP; dependencies flow from
+// here to there only.
+package paymentsapi
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -13,32 +21,79 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/internal/db"
-	"github.com/sluice-dev/sluice/internal/pii"
+	"github.com/sluice-dev/sluice/internal/payments"
 )
 
-// Handler is the HTTP API: POST /v1/payments, GET /v1/payments/:operation_id,
+// Payments is what the API needs from the payments service
+// (*payments.Service provides it).
+type Payments interface {
+	// Create runs one payment request for (merchant, Idempotency-Key).
+	Create(ctx context.Context, merchantID, key string, req payments.Request) (payments.Response, error)
+	// PaymentOf is the merchant's view of its payment (payments.ErrNotFound
+	// for a missing one and for another merchant's).
+	PaymentOf(ctx context.Context, merchantID string, op uuid.UUID) (payments.PaymentBody, error)
+	// Authenticate returns an API key's merchant (payments.ErrUnauthenticated).
+	Authenticate(ctx context.Context, apiKey string) (merchantID string, err error)
+	// Ready reports whether the database answers with a current schema.
+	Ready(ctx context.Context) error
+}
+
+// Config tunes the API. Zero values take the defaults.
+type Config struct {
+	AllowedHosts []string // the Host allowlist (see AllowedHosts); empty refuses every /v1 request
+	MaxBodyBytes int64    // request body limit (16 KiB)
+	Logger       *slog.Logger
+	Registerer   prometheus.Registerer // receives the request metrics (nil: none)
+}
+
+type api struct {
+	svc          Payments
+	log          *slog.Logger
+	maxBodyBytes int64
+	requests     *prometheus.HistogramVec
+}
+
+// New is the HTTP API: POST /v1/payments, GET /v1/payments/:operation_id,
 // GET /healthz (the process runs), GET /readyz (the database answers and its
 // schema is current). Every error is JSON {"code","message"} with a stable code.
 //
-// The /v1 routes answer only requests whose Host is one of allowedHosts
-// (see AllowedHosts; a page on another site that rebinds its DNS name to
-// this address gets 421) and that carry a merchant's API key
-// (Authorization: Bearer …; 401 otherwise). The merchant is the key's,
-// never a header's: X-Merchant-ID is ignored. Health routes need neither,
-// so probes keep working.
-func (s *Service) Handler(allowedHosts []string) http.Handler {
+// The /v1 routes answer only requests whose Host is one of cfg.AllowedHosts
+// (a page on another site that rebinds its DNS name to this address gets
+// 421) and that carry a merchant's API key (Authorization: Bearer …; 401
+// otherwise). The merchant is the key's, never a header's: X-Merchant-ID is
+// ignored. Health routes need neither, so probes keep working.
+func New(svc Payments, cfg Config) (http.Handler, error) {
+	if svc == nil {
+		return nil, errors.New("paymentsapi: a payments service is required")
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 16 << 10
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	requests, err := db.Register(cfg.Registerer, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sluice_payments_http_request_duration_seconds",
+		Help:    "Payments API request latency, by route template and status code.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"route", "code"}))
+	if err != nil {
+		return nil, fmt.Errorf("paymentsapi: metrics: %w", err)
+	}
+	a := &api{svc: svc, log: cfg.Logger, maxBodyBytes: cfg.MaxBodyBytes, requests: requests}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	e.HTTPErrorHandler = s.errorHandler
-	e.Use(s.measure)
-	api := e.Group("/v1", checkHost(allowedHosts), s.authenticate)
-	api.POST("/payments", s.handleCreate)
-	api.GET("/payments/:operation_id", s.handleGet)
+	e.HTTPErrorHandler = a.errorHandler
+	e.Use(a.measure)
+	v1 := e.Group("/v1", checkHost(cfg.AllowedHosts), a.authenticate)
+	v1.POST("/payments", a.handleCreate)
+	v1.GET("/payments/:operation_id", a.handleGet)
 	e.GET("/healthz", func(c echo.Context) error { return c.String(http.StatusOK, "ok\n") })
-	e.GET("/readyz", s.handleReady)
-	return e
+	e.GET("/readyz", a.handleReady)
+	return e, nil
 }
 
 // routeLabels are the route templates the latency histogram may name;
@@ -47,7 +102,7 @@ var routeLabels = map[string]bool{"/v1/payments": true, "/v1/payments/:operation
 
 // measure observes every request's latency by route template and status
 // code. It runs the error handler itself so the final status is known.
-func (s *Service) measure(next echo.HandlerFunc) echo.HandlerFunc {
+func (a *api) measure(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
 		if err := next(c); err != nil {
@@ -57,7 +112,7 @@ func (s *Service) measure(next echo.HandlerFunc) echo.HandlerFunc {
 		if !routeLabels[route] {
 			route = "other"
 		}
-		s.m.requests.WithLabelValues(route, strconv.Itoa(c.Response().Status)).Observe(time.Since(start).Seconds())
+		a.requests.WithLabelValues(route, strconv.Itoa(c.Response().Status)).Observe(time.Since(start).Seconds())
 		return nil
 	}
 }
@@ -107,7 +162,7 @@ func checkHost(allowed []string) echo.MiddlewareFunc {
 				ok = true
 			}
 			if !ok {
-				return writeError(c, http.StatusMisdirectedRequest, CodeMisdirected, "this service does not answer for the host name in the request; use the address it is configured for (PAYMENTS_API_HOSTS)")
+				return writeError(c, http.StatusMisdirectedRequest, payments.CodeMisdirected, "this service does not answer for the host name in the request; use the address it is configured for (PAYMENTS_API_HOSTS)")
 			}
 			return next(c)
 		}
@@ -120,17 +175,17 @@ const ctxMerchant = "payments.merchant"
 // authenticate turns Authorization: Bearer <key> into the caller's
 // merchant, or answers 401 with WWW-Authenticate (RFC 6750). The key is
 // never logged.
-func (s *Service) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+func (a *api) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		scheme, token, found := strings.Cut(c.Request().Header.Get("Authorization"), " ")
 		if !found || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
 			c.Response().Header().Set("WWW-Authenticate", `Bearer realm="sluice-payments"`)
-			return writeError(c, http.StatusUnauthorized, CodeUnauthorized, "an API key is required: Authorization: Bearer <key>")
+			return writeError(c, http.StatusUnauthorized, payments.CodeUnauthorized, "an API key is required: Authorization: Bearer <key>")
 		}
-		merchant, _, err := Authenticate(c.Request().Context(), s.pool, strings.TrimSpace(token))
-		if errors.Is(err, ErrUnauthenticated) {
+		merchant, err := a.svc.Authenticate(c.Request().Context(), strings.TrimSpace(token))
+		if errors.Is(err, payments.ErrUnauthenticated) {
 			c.Response().Header().Set("WWW-Authenticate", `Bearer realm="sluice-payments", error="invalid_token"`)
-			return writeError(c, http.StatusUnauthorized, CodeUnauthorized, "the API key is unknown or revoked")
+			return writeError(c, http.StatusUnauthorized, payments.CodeUnauthorized, "the API key is unknown or revoked")
 		}
 		if err != nil {
 			return err
@@ -150,12 +205,12 @@ func writeJSONBody(c echo.Context, status int, body []byte) error {
 }
 
 func writeError(c echo.Context, status int, code, message string) error {
-	return writeJSONBody(c, status, ErrorBody(code, message))
+	return writeJSONBody(c, status, payments.ErrorBody(code, message))
 }
 
 // errorHandler is the one error path: known HTTP errors keep their status
 // with a generic code; anything else is a 500 whose details go to the log.
-func (s *Service) errorHandler(err error, c echo.Context) {
+func (a *api) errorHandler(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
@@ -164,32 +219,32 @@ func (s *Service) errorHandler(err error, c echo.Context) {
 		code := "http_" + strconv.Itoa(he.Code)
 		switch he.Code {
 		case http.StatusNotFound:
-			code = CodeNotFound
+			code = payments.CodeNotFound
 		case http.StatusMethodNotAllowed:
 			code = "method_not_allowed"
 		}
 		_ = writeError(c, he.Code, code, http.StatusText(he.Code))
 		return
 	}
-	s.log.Error("payments: request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
-	_ = writeError(c, http.StatusInternalServerError, CodeInternal, "the service could not answer; retry with the same Idempotency-Key")
+	a.log.Error("payments: request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
+	_ = writeError(c, http.StatusInternalServerError, payments.CodeInternal, "the service could not answer; retry with the same Idempotency-Key")
 }
 
-func (s *Service) handleCreate(c echo.Context) error {
+func (a *api) handleCreate(c echo.Context) error {
 	r := c.Request()
 	key := r.Header.Get("Idempotency-Key")
 	if strings.TrimSpace(key) == "" {
-		return writeError(c, 400, CodeMissingKey, "the Idempotency-Key header is required")
+		return writeError(c, 400, payments.CodeMissingKey, "the Idempotency-Key header is required")
 	}
 	if len(key) > 255 || strings.ContainsFunc(key, func(r rune) bool { return r < 0x21 || r > 0x7e }) {
-		return writeError(c, 400, CodeInvalidKey, "the Idempotency-Key must be 1–255 visible ASCII characters")
+		return writeError(c, 400, payments.CodeInvalidKey, "the Idempotency-Key must be 1–255 visible ASCII characters")
 	}
 	merchant, _ := c.Get(ctxMerchant).(string)
-	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, a.maxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return writeError(c, 400, CodeBodyTooLarge, "the body is larger than "+strconv.FormatInt(s.cfg.MaxBodyBytes, 10)+" bytes")
+			return writeError(c, 400, payments.CodeBodyTooLarge, "the body is larger than "+strconv.FormatInt(a.maxBodyBytes, 10)+" bytes")
 		}
 		return writeError(c, 400, "unreadable_body", "the body could not be read")
 	}
@@ -199,14 +254,13 @@ func (s *Service) handleCreate(c echo.Context) error {
 		if errors.As(err, &re) {
 			return writeError(c, re.Status, re.Code, re.Message)
 		}
-		return err
+		return fmt.Errorf("paymentsapi: parse request: %w", err)
 	}
-	resp, err := s.Create(r.Context(), merchant, key, req)
+	resp, err := a.svc.Create(r.Context(), merchant, key, req)
 	if err != nil {
-		return err
+		return fmt.Errorf("paymentsapi: create: %w", err)
 	}
 	if resp.Replayed {
-		s.m.replays.Inc()
 		c.Response().Header().Set("Idempotent-Replayed", "true")
 	}
 	if resp.RetryAfter > 0 {
@@ -217,45 +271,31 @@ func (s *Service) handleCreate(c echo.Context) error {
 
 // handleGet returns a payment's current state to the merchant that owns it
 // (another merchant's payment is 404, like a missing one).
-func (s *Service) handleGet(c echo.Context) error {
+func (a *api) handleGet(c echo.Context) error {
 	merchant, _ := c.Get(ctxMerchant).(string)
 	op, err := uuid.Parse(c.Param("operation_id"))
 	if err != nil {
 		return writeError(c, 400, "invalid_operation_id", "operation_id must be a UUID")
 	}
-	p, err := Get(c.Request().Context(), s.pool, op)
-	if errors.Is(err, ErrNotFound) || (err == nil && p.MerchantID != merchant) {
-		return writeError(c, 404, CodeNotFound, "no such payment")
+	b, err := a.svc.PaymentOf(c.Request().Context(), merchant, op)
+	if errors.Is(err, payments.ErrNotFound) {
+		return writeError(c, 404, payments.CodeNotFound, "no such payment")
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("paymentsapi: read payment %s: %w", op, err)
 	}
-	b := bodyOf(p)
-	b.Customer = s.MaskedCustomer(p)
-	out, _ := json.Marshal(b)
+	out, err := json.Marshal(b)
+	if err != nil {
+		return fmt.Errorf("paymentsapi: encode payment %s: %w", op, err)
+	}
 	return writeJSONBody(c, http.StatusOK, out)
 }
 
-// MaskedCustomer decrypts and masks a payment's customer fields; a value
-// under a key this service does not hold shows as "undecryptable".
-func (s *Service) MaskedCustomer(p Payment) map[string]string {
-	out := make(map[string]string, len(p.Customer))
-	for field, env := range p.Customer {
-		clear, err := s.kr.Decrypt(field, env)
-		if err != nil {
-			out[field] = pii.Undecryptable
-			continue
-		}
-		out[field] = pii.Show(field, clear)
-	}
-	return out
-}
-
-func (s *Service) handleReady(c echo.Context) error {
+func (a *api) handleReady(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
 	defer cancel()
-	if err := db.Ready(ctx, s.pool); err != nil {
-		s.log.Warn("payments: not ready", "err", err)
+	if err := a.svc.Ready(ctx); err != nil {
+		a.log.Warn("payments: not ready", "err", err)
 		return writeError(c, http.StatusServiceUnavailable, "not_ready", "the database is unreachable or its schema is out of date")
 	}
 	return c.String(http.StatusOK, "ready\n")

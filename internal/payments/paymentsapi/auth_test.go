@@ -1,19 +1,22 @@
-package payments
+package paymentsapi_test
 
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 
-	"github.com/labstack/echo/v4"
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/payments/paymentsapi"
 )
 
 // Merchant A's key cannot debit B's account (403, the same answer as for an
@@ -28,7 +31,7 @@ func TestMerchantIsolation(t *testing.T) {
 
 	foreign := e.postAs("m-a", newKey(), payBody("inv-x", 2, "10"))
 	missing := e.postAs("m-a", newKey(), payBody("inv-y", 999, "10"))
-	if foreign.status != 403 || foreign.code(t) != CodeAccountForbidden {
+	if foreign.status != 403 || foreign.code(t) != payments.CodeAccountForbidden {
 		t.Fatalf("A debits B's account: %d %s", foreign.status, foreign.body)
 	}
 	if missing.status != foreign.status || !bytes.Equal(missing.body, foreign.body) {
@@ -63,7 +66,7 @@ func TestMerchantIsolation(t *testing.T) {
 
 	// A cannot read B's payment.
 	e.merchant = "m-a"
-	if g := e.get(opOf(t, bPaid).String()); g.status != 404 || g.code(t) != CodeNotFound {
+	if g := e.get(opOf(t, bPaid).String()); g.status != 404 || g.code(t) != payments.CodeNotFound {
 		t.Fatalf("A reads B's payment: %d %s", g.status, g.body)
 	}
 	e.merchant = "m-b"
@@ -82,7 +85,7 @@ func TestMerchantIsolation(t *testing.T) {
 	if n := e.count(`SELECT count(*) FROM payment WHERE account_id = 2 AND merchant_id <> 'm-b'`); n != 0 {
 		t.Fatalf("%d payments of other merchants debit B's account", n)
 	}
-	if b := e.accountState(2); b.Balance.String() != "974" {
+	if b, err := payments.GetAccount(context.Background(), e.pool, 2); err != nil || b.Balance.String() != "974" {
 		t.Fatalf("B's balance %s, want 974", b.Balance)
 	}
 }
@@ -96,7 +99,7 @@ func TestAPIKeysRequiredAndRevocable(t *testing.T) {
 	e.account(1, "1000")
 	ctx := context.Background()
 	oldKey := e.keyOf(e.merchant)
-	newAPIKey, _, err := CreateKey(ctx, e.pool, e.merchant)
+	newAPIKey, _, err := payments.CreateKey(ctx, e.pool, e.merchant)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +107,7 @@ func TestAPIKeysRequiredAndRevocable(t *testing.T) {
 		t.Fatalf("valid key: %d %s", a.status, a.body)
 	}
 	oldID := strings.Split(strings.TrimPrefix(oldKey, "slk_"), "_")[0]
-	if _, err := RevokeKey(ctx, e.pool, oldID); err != nil {
+	if _, err := payments.RevokeKey(ctx, e.pool, oldID); err != nil {
 		t.Fatal(err)
 	}
 	forged := oldKey[:len(oldKey)-4] + "0000"
@@ -117,7 +120,7 @@ func TestAPIKeysRequiredAndRevocable(t *testing.T) {
 		"unknown id": "slk_0123456789abcdef_" + strings.Repeat("ab", 32),
 	} {
 		a := e.postWithKey(k, newKey(), payBody("inv-2", 1, "1"))
-		if a.status != 401 || a.code(t) != CodeUnauthorized || !strings.HasPrefix(a.header.Get("WWW-Authenticate"), "Bearer") {
+		if a.status != 401 || a.code(t) != payments.CodeUnauthorized || !strings.HasPrefix(a.header.Get("WWW-Authenticate"), "Bearer") {
 			t.Errorf("%s key: %d %q %s", name, a.status, a.header.Get("WWW-Authenticate"), a.body)
 		}
 	}
@@ -132,7 +135,7 @@ func TestAPIKeysRequiredAndRevocable(t *testing.T) {
 	if a := e.postWithKey(newAPIKey, newKey(), payBody("inv-3", 1, "1")); a.status != 201 {
 		t.Fatalf("the merchant's second key after revoking the first: %d %s", a.status, a.body)
 	}
-	keys, err := ListKeys(ctx, e.pool, e.merchant)
+	keys, err := payments.ListKeys(ctx, e.pool, e.merchant)
 	if err != nil || len(keys) != 2 || keys[0].RevokedAt == nil || keys[1].RevokedAt != nil {
 		t.Fatalf("keys: %+v %v", keys, err)
 	}
@@ -158,7 +161,7 @@ func TestWrongHostRefused(t *testing.T) {
 		return e.do(req)
 	}
 	for _, host := range []string{"evil.example:" + port, "evil.example", "127.0.0.1.evil.example:" + port, "127.0.0.1:1"} {
-		if a := send(host, "/v1/payments"); a.status != http.StatusMisdirectedRequest || a.code(t) != CodeMisdirected {
+		if a := send(host, "/v1/payments"); a.status != http.StatusMisdirectedRequest || a.code(t) != payments.CodeMisdirected {
 			t.Errorf("Host %s: %d %s, want 421", host, a.status, a.body)
 		}
 	}
@@ -174,20 +177,24 @@ func TestWrongHostRefused(t *testing.T) {
 		t.Errorf("healthz with another Host: %d", a.status)
 	}
 	// Configured names: "name" on any port, "name:port" on that port only.
-	allowed := AllowedHosts("0.0.0.0:8081", []string{"pay.example.com", "api.example.com:443"})
+	allowed := paymentsapi.AllowedHosts("0.0.0.0:8081", []string{"pay.example.com", "api.example.com:443"})
 	want := []string{"pay.example.com", "api.example.com:443"}
 	if strings.Join(allowed, ",") != strings.Join(want, ",") {
 		t.Fatalf("AllowedHosts on all interfaces = %v, want only the configured names %v", allowed, want)
 	}
-	router := echo.New()
-	router.GET("/x", func(c echo.Context) error { return c.NoContent(http.StatusOK) }, checkHost(allowed))
+	// A Host the allowlist takes reaches authentication (401 without a
+	// key); any other is refused before it (421).
+	router, err := paymentsapi.New(e.svc, paymentsapi.Config{AllowedHosts: allowed})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for host, ok := range map[string]bool{"pay.example.com": true, "pay.example.com:8081": true, "api.example.com:443": true,
 		"api.example.com:8081": false, "api.example.com": false, "0.0.0.0:8081": false, "evil.example": false} {
-		req := httptest.NewRequest(http.MethodGet, "/x", nil)
+		req := httptest.NewRequest(http.MethodGet, "/v1/payments/"+uuid.NewString(), nil)
 		req.Host = host
 		rec := httptest.NewRecorder()
 		router.ServeHTTP(rec, req)
-		if (rec.Code == http.StatusOK) != ok {
+		if (rec.Code != http.StatusMisdirectedRequest) != ok {
 			t.Errorf("allowlist %v, Host %s: %d", allowed, host, rec.Code)
 		}
 	}
@@ -199,17 +206,18 @@ func TestAPIKeysNeverLogged(t *testing.T) {
 	t.Parallel()
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	e := newEnv(t, envOpts{log: log})
+	crash := &crashing{}
+	e := newEnv(t, envOpts{log: log, wrap: func(p paymentsapi.Payments) paymentsapi.Payments { crash.Payments = p; return crash }})
 	e.account(1, "1000")
 	key := e.keyOf(e.merchant)
 	secret := key[strings.LastIndex(key, "_")+1:]
 	e.post(newKey(), payBody("inv-1", 1, "1"))
-	e.svc.afterReserve = func(Payment) error { return errCrash }
+	crash.on.Store(true)
 	if a := e.post(newKey(), payBody("inv-2", 1, "1")); a.status != 500 {
 		t.Fatalf("crash: %d", a.status)
 	}
-	e.svc.afterReserve = nil
-	if _, err := RevokeKey(context.Background(), e.pool, strings.Split(strings.TrimPrefix(key, "slk_"), "_")[0]); err != nil {
+	crash.on.Store(false)
+	if _, err := payments.RevokeKey(context.Background(), e.pool, strings.Split(strings.TrimPrefix(key, "slk_"), "_")[0]); err != nil {
 		t.Fatal(err)
 	}
 	e.post(newKey(), payBody("inv-3", 1, "1"))
@@ -220,6 +228,20 @@ func TestAPIKeysNeverLogged(t *testing.T) {
 	if strings.Contains(logs.String(), secret) || strings.Contains(logs.String(), secret[:16]) {
 		t.Fatalf("an API key reached the log:\n%s", logs.String())
 	}
+}
+
+// crashing is the real service whose Create fails while on: the server
+// error path, for tests of what that path writes.
+type crashing struct {
+	paymentsapi.Payments
+	on atomic.Bool
+}
+
+func (c *crashing) Create(ctx context.Context, merchantID, key string, req payments.Request) (payments.Response, error) {
+	if c.on.Load() {
+		return payments.Response{}, errors.New("test: the service crashed")
+	}
+	return c.Payments.Create(ctx, merchantID, key, req)
 }
 
 // /metrics carries request latency by route template and status (never a
@@ -250,42 +272,4 @@ func TestRequestMetrics(t *testing.T) {
 	if strings.Contains(text, opOf(t, a).String()) {
 		t.Errorf("an operation id is a label value")
 	}
-}
-
-// A reservation that finds its account locked is counted as contended and
-// its wait observed; the account is never a label.
-func TestReservationContentionMeasured(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, envOpts{})
-	e.account(1, "1000")
-	ctx := context.Background()
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The lock a concurrent reservation or settlement holds on the account.
-	if _, err := tx.Exec(ctx, `UPDATE account SET updated_at = now() WHERE account_id = 1`); err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var a answer
-	wg.Add(1)
-	go func() { defer wg.Done(); a = e.post(newKey(), payBody("inv-hot", 1, "10")) }()
-	waitFor(t, "the payment to wait for the account's lock", func() bool {
-		return e.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
-	})
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	if a.status != 201 {
-		t.Fatalf("contended payment: %d %s", a.status, a.body)
-	}
-	if got := counterValue(t, e.reg, "sluice_payments_reservations_contended_total", "", ""); got != 1 {
-		t.Fatalf("contended reservations = %v, want 1", got)
-	}
-	if got := counterValue(t, e.reg, "sluice_payments_reservation_lock_wait_seconds", "", ""); got != 1 {
-		t.Fatalf("lock waits observed = %v, want 1", got)
-	}
-	e.checkBooks(1)
 }

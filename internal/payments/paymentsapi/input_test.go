@@ -1,0 +1,110 @@
+package paymentsapi_test
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/sluice-dev/sluice/internal/payments"
+)
+
+// Missing key, malformed JSON, bad amounts, unknown currency, oversized
+// body… → 400/422 with a clear code, nothing written.
+func TestBadInputWritesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	e.account(1, "5000")
+	good := payBody("inv-ok", 1, "10")
+	big := `{"invoice_id":"inv-big","account_id":1,"amount":"1","currency":"TRY","customer":{"name":"` + strings.Repeat("a", 20000) + `","email":"a@b.com"}}`
+	cases := []struct {
+		name, merchant, key, body string
+		status                    int
+		code                      string
+	}{
+		{"no key", "m-1", "", good, 400, payments.CodeMissingKey},
+		{"long key", "m-1", strings.Repeat("k", 256), good, 400, payments.CodeInvalidKey},
+		{"no API key", "", newKey(), good, 401, payments.CodeUnauthorized},
+		{"malformed", "m-1", newKey(), `{"invoice_id": "x",`, 400, "malformed_json"},
+		{"not an object", "m-1", newKey(), `[1,2]`, 400, "invalid_field"},
+		{"trailing data", "m-1", newKey(), good + `{}`, 400, "malformed_json"},
+		{"unknown field", "m-1", newKey(), strings.Replace(good, `"currency"`, `"admin":true,"currency"`, 1), 400, "unknown_field"},
+		{"negative", "m-1", newKey(), payBody("i", 1, "-5"), 422, "invalid_amount"},
+		{"zero", "m-1", newKey(), payBody("i", 1, "0.00"), 422, "invalid_amount"},
+		{"absurd", "m-1", newKey(), payBody("i", 1, "1e15"), 422, "amount_out_of_range"},
+		{"three decimals", "m-1", newKey(), payBody("i", 1, "10.001"), 422, "amount_precision"},
+		{"not a number", "m-1", newKey(), payBody("i", 1, "ten"), 422, "invalid_amount"},
+		{"NaN", "m-1", newKey(), payBody("i", 1, "NaN"), 422, "invalid_amount"},
+		{"currency", "m-1", newKey(), strings.Replace(good, `"TRY"`, `"XYZ"`, 1), 422, "unsupported_currency"},
+		{"no customer", "m-1", newKey(), `{"invoice_id":"i","account_id":1,"amount":"1","currency":"TRY"}`, 422, "missing_field"},
+		{"no invoice", "m-1", newKey(), `{"account_id":1,"amount":"1","currency":"TRY","customer":{"name":"a","email":"a@b.c"}}`, 422, "missing_field"},
+		{"bad email", "m-1", newKey(), strings.Replace(good, "ayse@example.com", "nope", 1), 422, "invalid_customer"},
+		{"bad account", "m-1", newKey(), payBody("i", -3, "1"), 422, "invalid_account_id"},
+		{"oversized", "m-1", newKey(), big, 400, payments.CodeBodyTooLarge},
+	}
+	for _, c := range cases {
+		a := e.postAs(c.merchant, c.key, c.body)
+		if a.status != c.status || a.code(t) != c.code {
+			t.Errorf("%s: %d %s, want %d %s", c.name, a.status, a.body, c.status, c.code)
+		}
+		if strings.Contains(string(a.body), "ayse@") {
+			t.Errorf("%s: answer echoes PII: %s", c.name, a.body)
+		}
+	}
+	for _, table := range []string{"idempotency_record", "payment", "balance_reservation", "outbox_event"} {
+		if n := e.count(`SELECT count(*) FROM ` + table); n != 0 {
+			t.Errorf("%s has %d rows after bad input", table, n)
+		}
+	}
+	if n := e.count(`SELECT count(*) FROM ledger_entry WHERE entry_type = 'debit'`); n != 0 || len(e.sim.Charges()) != 0 {
+		t.Errorf("bad input reached the ledger or the provider")
+	}
+	// A well-formed request for an account that does not exist is refused
+	// like one for another merchant's account (403), stored as the key's
+	// result, with no payment.
+	key := newKey()
+	a := e.post(key, payBody("inv-nope", 99, "10"))
+	if a.status != 403 || a.code(t) != payments.CodeAccountForbidden {
+		t.Fatalf("unknown account: %d %s", a.status, a.body)
+	}
+	if n := e.count(`SELECT count(*) FROM payment`); n != 0 {
+		t.Fatalf("payment written for an unknown account")
+	}
+}
+
+// The canary of the domain's TestPIICanaryNeverLeaks, for what only the
+// transport sees: requests refused while parsing (a malformed email, a
+// currency that is the customer's name) and the owner's GET. No answer and
+// no log line carries the personal data in clear.
+func TestPIICanaryNeverLeaksFromTheAPI(t *testing.T) {
+	t.Parallel()
+	const (
+		name  = "Zebulon Canaryfield"
+		email = "zebulon.canaryfield@canary-mail.example"
+	)
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e := newEnv(t, envOpts{log: log})
+	e.account(1, "5000")
+	body := func(invoice, email, currency string) string {
+		return fmt.Sprintf(`{"invoice_id":%q,"account_id":1,"amount":"10","currency":%q,"customer":{"name":%q,"email":%q}}`, invoice, currency, name, email)
+	}
+	var answers []string
+	for _, b := range []string{body("inv-ok", email, "TRY"), body("inv-bad", "no-at-sign-canary-mail.example", "TRY"), body("inv-bad2", email, name)} {
+		answers = append(answers, string(e.post(newKey(), b).body))
+	}
+	ok := e.post(newKey(), body("inv-ok", email, "TRY")) // same invoice, new key: 422 naming the first
+	answers = append(answers, string(ok.body))
+	g := e.get(fmt.Sprint(ok.json(t)["operation_id"]))
+	if g.status != 200 || !strings.Contains(string(g.body), "customer") {
+		t.Fatalf("GET: %d %s", g.status, g.body)
+	}
+	answers = append(answers, string(g.body))
+	for _, where := range []string{strings.Join(answers, "\n"), logs.String()} {
+		for _, c := range []string{name, "Canaryfield", "canaryfield", email, "canary-mail"} {
+			if strings.Contains(where, c) {
+				t.Errorf("%q in clear:\n%s", c, where)
+			}
+		}
+	}
+}

@@ -1,0 +1,179 @@
+package paymentsapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/sluice-dev/sluice/internal/payments"
+)
+
+// RequestError is a client mistake in the request: HTTP status, stable code,
+// message (never echoing sensitive input).
+type RequestError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *RequestError) Error() string { return e.Code + ": " + e.Message }
+
+func badRequest(code, format string, args ...any) *RequestError {
+	return &RequestError{Status: 400, Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+func unprocessable(code, format string, args ...any) *RequestError {
+	return &RequestError{Status: 422, Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+var invoicePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$`)
+
+type wireRequest struct {
+	InvoiceID json.RawMessage `json:"invoice_id"`
+	AccountID json.RawMessage `json:"account_id"`
+	Amount    json.RawMessage `json:"amount"`
+	Currency  *string         `json:"currency"`
+	Customer  *struct {
+		Name  *string `json:"name"`
+		Email *string `json:"email"`
+		TaxID *string `json:"tax_id"`
+	} `json:"customer"`
+}
+
+// ParseRequest decodes and validates a request body. Field order,
+// whitespace and number format do not matter ("1000", "1000.00", 1e3 are
+// one amount); unknown fields, more than two decimals, non-positive or
+// absurd amounts, unsupported currencies and missing fields are refused.
+func ParseRequest(body []byte) (payments.Request, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	var w wireRequest
+	if err := dec.Decode(&w); err != nil {
+		var se *json.SyntaxError
+		var ute *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &ute):
+			return payments.Request{}, badRequest("invalid_field", "field %q has the wrong type", ute.Field)
+		case strings.HasPrefix(err.Error(), "json: unknown field"):
+			// encoding/json has no typed error for unknown fields.
+			return payments.Request{}, badRequest("unknown_field", "the body has a field this API does not know")
+		case errors.As(err, &se), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+			return payments.Request{}, badRequest("malformed_json", "the body is not valid JSON")
+		default:
+			return payments.Request{}, badRequest("malformed_json", "the body is not valid JSON")
+		}
+	}
+	if dec.More() {
+		return payments.Request{}, badRequest("malformed_json", "the body has data after the JSON object")
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return payments.Request{}, badRequest("malformed_json", "the body has data after the JSON object")
+	}
+	var r payments.Request
+	var err error
+	if r.InvoiceID, err = scalarString("invoice_id", w.InvoiceID); err != nil {
+		return payments.Request{}, err
+	}
+	if !invoicePattern.MatchString(r.InvoiceID) {
+		return payments.Request{}, unprocessable("invalid_invoice_id", "invoice_id must be 1–64 letters, digits or . _ : / -")
+	}
+	acc, err := scalarString("account_id", w.AccountID)
+	if err != nil {
+		return payments.Request{}, err
+	}
+	if r.AccountID, err = strconv.ParseInt(acc, 10, 64); err != nil || r.AccountID <= 0 {
+		return payments.Request{}, unprocessable("invalid_account_id", "account_id must be a positive whole number")
+	}
+	amt, err := scalarString("amount", w.Amount)
+	if err != nil {
+		return payments.Request{}, err
+	}
+	if r.Amount, err = ParseAmount(amt); err != nil {
+		return payments.Request{}, err
+	}
+	if w.Currency == nil || strings.TrimSpace(*w.Currency) == "" {
+		return payments.Request{}, unprocessable("missing_field", "currency is required")
+	}
+	r.Currency = strings.ToUpper(strings.TrimSpace(*w.Currency))
+	if !payments.SupportedCurrency(r.Currency) {
+		return payments.Request{}, unprocessable("unsupported_currency", "currency must be one of TRY, USD, EUR, GBP")
+	}
+	if w.Customer == nil {
+		return payments.Request{}, unprocessable("missing_field", "customer is required")
+	}
+	if w.Customer.Name == nil || strings.TrimSpace(*w.Customer.Name) == "" {
+		return payments.Request{}, unprocessable("missing_field", "customer.name is required")
+	}
+	if w.Customer.Email == nil || strings.TrimSpace(*w.Customer.Email) == "" {
+		return payments.Request{}, unprocessable("missing_field", "customer.email is required")
+	}
+	r.Customer.Name = strings.Join(strings.Fields(*w.Customer.Name), " ")
+	r.Customer.Email = strings.ToLower(strings.TrimSpace(*w.Customer.Email))
+	if w.Customer.TaxID != nil {
+		r.Customer.TaxID = strings.TrimSpace(*w.Customer.TaxID)
+	}
+	if utf8.RuneCountInString(r.Customer.Name) > 200 || !utf8.ValidString(r.Customer.Name) {
+		return payments.Request{}, unprocessable("invalid_customer", "customer.name must be at most 200 characters")
+	}
+	if len(r.Customer.Email) > 254 || strings.Count(r.Customer.Email, "@") != 1 || strings.HasPrefix(r.Customer.Email, "@") || strings.HasSuffix(r.Customer.Email, "@") || strings.ContainsAny(r.Customer.Email, " \t\r\n") {
+		return payments.Request{}, unprocessable("invalid_customer", "customer.email is not an email address")
+	}
+	if len(r.Customer.TaxID) > 32 {
+		return payments.Request{}, unprocessable("invalid_customer", "customer.tax_id must be at most 32 characters")
+	}
+	return r, nil
+}
+
+// scalarString accepts a JSON string or number and returns its text.
+func scalarString(field string, raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return "", unprocessable("missing_field", "%s is required", field)
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", badRequest("malformed_json", "the body is not valid JSON")
+		}
+		s = strings.TrimSpace(s)
+		if s == "" {
+			return "", unprocessable("missing_field", "%s is required", field)
+		}
+		return s, nil
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		return string(raw), nil
+	}
+	return "", badRequest("invalid_field", "field %q must be a string or a number", field)
+}
+
+// ParseAmount reads a positive amount with at most two decimals, up to
+// payments.MaxAmount.
+func ParseAmount(s string) (decimal.Decimal, error) {
+	if len(s) > 40 {
+		return decimal.Decimal{}, unprocessable("invalid_amount", "amount is not a decimal number")
+	}
+	d, err := decimal.NewFromString(s)
+	if err != nil {
+		return decimal.Decimal{}, unprocessable("invalid_amount", "amount is not a decimal number")
+	}
+	if !d.IsPositive() {
+		return decimal.Decimal{}, unprocessable("invalid_amount", "amount must be greater than zero")
+	}
+	if limit := payments.MaxAmount(); d.GreaterThan(limit) {
+		return decimal.Decimal{}, unprocessable("amount_out_of_range", "amount must be at most %s", limit.String())
+	}
+	if !d.Equal(d.Round(2)) {
+		return decimal.Decimal{}, unprocessable("amount_precision", "amount has more than two decimals")
+	}
+	return d.Round(2), nil
+}
