@@ -122,7 +122,7 @@ type App struct {
 	mln      net.Listener
 	now      func() time.Time
 	roles    *auth.RoleCheck
-	logins   *ipLimiter
+	logins   *auth.IPLimiter
 	links    views.Links // which pages exist, so only those are linked
 
 	wsMu   sync.Mutex
@@ -193,7 +193,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	a := &App{
 		cfg: cfg, pool: deps.Pool, log: deps.Logger, cookies: cookies, reg: deps.Registry,
 		origin: originOf(pub), ln: deps.Listener, mln: deps.MetricsListener, now: deps.Now,
-		wsOpen: map[string]int{}, logins: newIPLimiter(cfg.LoginRate, time.Minute, deps.Now),
+		wsOpen: map[string]int{}, logins: auth.NewIPLimiter(cfg.LoginRate, time.Minute, deps.Now),
 	}
 	a.sessions = auth.NewSessions(deps.Pool, cfg.SessionLifetime, cfg.SessionIdle, deps.Now)
 	a.rp, err = auth.NewRP(ctx, auth.RPConfig{
@@ -226,7 +226,8 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	}}
 	a.guard = &auth.Guard{
 		Sessions: a.sessions, Pool: deps.Pool, Cookies: cookies, Meta: requestMeta, Now: deps.Now, Roles: a.roles,
-		Denied: func(reason string) { a.metrics.actions.WithLabelValues("request", "denied").Inc() },
+		Denied:   func(reason string) { a.metrics.actions.WithLabelValues("request", "denied").Inc() },
+		Refusals: auth.NewRefusals(deps.Pool, deps.Now, func(reason string) { a.metrics.refusals.WithLabelValues(reason).Inc() }),
 	}
 	a.e = a.newEcho()
 	a.links = views.Links{

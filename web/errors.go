@@ -109,7 +109,8 @@ func (a *App) handleError(err error, c echo.Context) {
 }
 
 // crossOriginDenied answers a request refused by http.CrossOriginProtection
-// (outside echo): 403, audited.
+// (outside echo): 403, audited when a signed-in browser sent it, else
+// counted in the refusal log.
 func (a *App) crossOriginDenied(w http.ResponseWriter, r *http.Request) {
 	c := a.e.NewContext(r, w)
 	_ = requestID(func(echo.Context) error { return nil })(c)
@@ -121,8 +122,8 @@ func (a *App) crossOriginDenied(w http.ResponseWriter, r *http.Request) {
 	if route == "" {
 		route = "unmatched"
 	}
-	if err := auth.RecordDenied(r.Context(), a.pool, nil, requestMeta(c), methodName(r.Method)+" "+route, "cross_origin"); err != nil {
-		a.log.Error("audit of a cross-origin refusal failed", "err", err)
+	if err := a.guard.Refused(c, methodName(r.Method)+" "+route, "cross_origin"); err != nil {
+		a.log.Error("record of a cross-origin refusal failed", "err", err)
 	}
 	a.metrics.actions.WithLabelValues("request", "denied").Inc()
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -217,6 +217,15 @@ func (b *browser) sessionCookie(base string) string {
 	return ""
 }
 
+func (h *harness) countRefusals(t *testing.T, where string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM console_refusal WHERE `+where, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func (h *harness) countAudit(t *testing.T, where string, args ...any) int {
 	t.Helper()
 	var n int

@@ -88,7 +88,7 @@ func (a *App) logout(c echo.Context) error {
 // Both ends of the flow write rows (a pending login, or the audit of a
 // failed one), so both count.
 func (a *App) loginAllowed(c echo.Context) error {
-	if a.logins.allow(c.RealIP()) {
+	if a.logins.Allow(c.RealIP()) {
 		return nil
 	}
 	return tooManySignIns(c)

@@ -78,6 +78,7 @@ func (a *App) formActionExtra() string {
 type metrics struct {
 	requests *prometheus.HistogramVec
 	actions  *prometheus.CounterVec
+	refusals *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -91,12 +92,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sluice_console_actions_total",
 			Help: "Console actions (logins, logouts, refusals, operator actions) by outcome.",
 		}, []string{"action", "outcome"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_console_refusals_total",
+			Help: "Requests refused without a session (cross-site, anonymous POSTs), by reason; rate-limited into the refusal log, all counted here.",
+		}, []string{"reason"}),
 	}
 	var err error
 	if m.requests, err = db.Register(reg, m.requests); err != nil {
 		return nil, err
 	}
 	if m.actions, err = db.Register(reg, m.actions); err != nil {
+		return nil, err
+	}
+	if m.refusals, err = db.Register(reg, m.refusals); err != nil {
 		return nil, err
 	}
 	return m, nil

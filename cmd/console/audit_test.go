@@ -74,6 +74,7 @@ func TestServeRefusesBadConfig(t *testing.T) {
 		"public url w/ path": {"CONSOLE_PUBLIC_URL", "https://console.example/x", "CONSOLE_PUBLIC_URL"},
 		"bad idle":           {"CONSOLE_SESSION_IDLE", "soon", "CONSOLE_SESSION_IDLE"},
 		"http issuer":        {"OIDC_ISSUER", "http://idp.example", "OIDC_ISSUER"},
+		"anchors, no key":    {"AUDIT_ANCHOR_FILE", "/nonexistent/anchors.jsonl", "AUDIT_SIGNING_KEY"},
 	} {
 		envs := map[string]string{}
 		for k, v := range base {

@@ -44,7 +44,8 @@ func commands() map[string]command {
 		"provider-sim": {"the simulated payment provider (its own HTTP server; fault mix set by flags)", nil, runProviderSim},
 		"migrate":      {"apply (`migrate up`) or show (`migrate status`) the embedded schema migrations", []string{"up", "status"}, runMigrate},
 		"prune":        {"one pruning pass (published outbox rows, inbox rows past retention), in small batches", nil, runPrune},
-		"audit":        {"`audit verify`: walk the audit hash chain; exit 1 naming the first broken row", []string{"verify"}, runAudit},
+		"audit":        {"`audit verify [--anchors FILE]`: walk the audit hash chain; `audit anchor`: sign its head", []string{"verify", "anchor"}, runAudit},
+		"db":           {"`db grant --role NAME [--dry-run]`: set up the application role the services run as", []string{"grant"}, runDB},
 		"version":      {"version, commit, schema version", nil, runVersion},
 	}
 }

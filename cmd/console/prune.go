@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/inbox"
@@ -14,7 +15,8 @@ import (
 func runPrune(ctx context.Context, e env, args []string) error {
 	var c config.Prune
 	if _, err := configure(e, "prune", "One pruning pass: deletes published outbox events and processed inbox message ids\n"+
-		"past their retention, in batches of at most PRUNE_BATCH_SIZE rows per statement.\n"+
+		"past their retention, and console refusal-log rows older than 7 days, in batches of at most\n"+
+		"PRUNE_BATCH_SIZE rows per statement.\n"+
 		"Pending and dead outbox events are never deleted. Run it from cron.", &c, args, nil); err != nil {
 		return err
 	}
@@ -41,5 +43,10 @@ func runPrune(ctx context.Context, e env, args []string) error {
 	}
 	n, err = inbox.PruneEffects(ctx, pool, c.InboxRetention, c.BatchSize, now)
 	fmt.Fprintf(e.stdout, "consume_effect: deleted %d reference-consumer effect rows older than %s\n", n, c.InboxRetention)
+	if err != nil {
+		return err
+	}
+	n, err = auth.PruneRefusals(ctx, pool, now, c.BatchSize)
+	fmt.Fprintf(e.stdout, "console_refusal: deleted %d refusal-log rows older than %s\n", n, auth.RefusalRetention)
 	return err
 }

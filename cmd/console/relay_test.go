@@ -123,13 +123,16 @@ func TestPruneSubcommand(t *testing.T) {
 		  FROM generate_series(1, 8) g;
 		INSERT INTO consume_effect (consumer, event_id, topic, event_type, aggregate_type, aggregate_id, aggregate_seq, applied_at)
 		SELECT 'c', 'm' || g, 't', 't.v1', 'a', 'x', g, now() - CASE WHEN g <= 4 THEN interval '8 days' ELSE interval '1 day' END
-		  FROM generate_series(1, 6) g`)
+		  FROM generate_series(1, 6) g;
+		INSERT INTO console_refusal (refused_at, route, reason, ip, request_id)
+		SELECT now() - CASE WHEN g <= 9 THEN interval '8 days' ELSE interval '6 days' END, 'POST /logout', 'cross_origin', '192.0.2.1', 'r'
+		  FROM generate_series(1, 11) g`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	code, out, stderr := runConsole(t, map[string]string{"DATABASE_URL": url, "PRUNE_BATCH_SIZE": "7"}, "prune")
 	if code != 0 || !strings.Contains(out, "outbox: deleted 30 ") || !strings.Contains(out, "inbox: deleted 5 ") ||
-		!strings.Contains(out, "consume_effect: deleted 4 ") {
+		!strings.Contains(out, "consume_effect: deleted 4 ") || !strings.Contains(out, "console_refusal: deleted 9 ") {
 		t.Fatalf("prune: code %d, out %q, stderr %q", code, out, stderr)
 	}
 	var outboxLeft, inboxLeft int

@@ -13,7 +13,8 @@ import (
 
 func runServe(ctx context.Context, e env, args []string) error {
 	var c config.Console
-	if _, err := configure(e, "serve", "The web console: OIDC sign-in and the live dashboard.", &c, args, nil); err != nil {
+	anchors := anchoring{lookup: e.lookup}
+	if _, err := configure(e, "serve", "The web console: OIDC sign-in and the live dashboard.", both{&c, &anchors}, args, nil); err != nil {
 		return err
 	}
 	roleMap, err := auth.ParseRoleMap(c.RoleMap)
@@ -26,6 +27,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	defer anchors.start(ctx, pool, log)()
 	app, err := web.New(ctx, web.Config{
 		Addr: c.Addr, PublicURL: strings.TrimSuffix(c.PublicURL, "/"), MetricsAddr: c.MetricsAddr,
 		OIDCIssuer: c.OIDCIssuer, OIDCClientID: c.OIDCClientID, OIDCClientSecret: c.OIDCClientSecret,

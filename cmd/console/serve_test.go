@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +45,9 @@ func TestServeRunsAndStops(t *testing.T) {
 		"DATABASE_URL": dbtest.URL(t), "CONSOLE_ADDR": addr, "CONSOLE_PUBLIC_URL": base,
 		"OIDC_ISSUER": idp.Issuer(), "OIDC_CLIENT_ID": "console", "OIDC_CLIENT_SECRET": "s",
 		"CONSOLE_ROLE_MAP": devoidc.DemoRoleMap, "LOG_LEVEL": "warn",
+		// Periodic audit anchors: the first is written at start.
+		"AUDIT_ANCHOR_FILE": filepath.Join(t.TempDir(), "anchors.jsonl"), "AUDIT_ANCHOR_EVERY": "1h",
+		"AUDIT_SIGNING_KEY": base64.StdEncoding.EncodeToString(make([]byte, 32)),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	type result struct {
@@ -84,6 +90,10 @@ func TestServeRunsAndStops(t *testing.T) {
 	if code, loc := get("/login"); code != http.StatusFound || !strings.HasPrefix(loc, idp.Issuer()) || !strings.Contains(loc, "code_challenge_method=S256") {
 		t.Errorf("login %d %s", code, loc)
 	}
+	testkit.Until(t, "serve's first audit anchor", func() bool {
+		b, _ := os.ReadFile(envs["AUDIT_ANCHOR_FILE"])
+		return strings.Count(string(b), "\n") == 1
+	})
 	cancel()
 	select {
 	case r := <-done:
@@ -92,6 +102,9 @@ func TestServeRunsAndStops(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not stop")
+	}
+	if code, out, errOut := runConsole(t, envs, "audit", "verify"); code != 0 || !strings.Contains(out, "anchors: all 1 held") {
+		t.Fatalf("verify serve's anchor: exit %d %q %q", code, out, errOut)
 	}
 }
 

@@ -30,11 +30,7 @@ func (r VerifyResult) Intact() bool { return r.FirstBroken == 0 }
 // whose hash does not match its contents (an edited row). It streams the
 // table, so memory stays flat whatever its size.
 func Verify(ctx context.Context, q Querier) (VerifyResult, error) {
-	rows, err := q.Query(ctx, `
-		SELECT seq, occurred_at, actor_iss, actor_sub, actor_name, actor_roles, action,
-		       target_type, target_id, before::text, after::text, reason, evidence, request_id,
-		       session_hash, ip, user_agent, outcome, error_code, prev_hash, hash
-		FROM audit_event ORDER BY seq`)
+	rows, err := q.Query(ctx, `SELECT `+rowColumns+` FROM audit_event ORDER BY seq`)
 	if err != nil {
 		return VerifyResult{}, fmt.Errorf("audit: verify: %w", err)
 	}
@@ -42,13 +38,8 @@ func Verify(ctx context.Context, q Querier) (VerifyResult, error) {
 	var res VerifyResult
 	prev := genesis
 	for rows.Next() {
-		var (
-			r              row
-			prevHash, hash []byte
-		)
-		if err := rows.Scan(&r.Seq, &r.OccurredAt, &r.ActorIss, &r.ActorSub, &r.ActorName, &r.ActorRoles,
-			&r.Action, &r.TargetType, &r.TargetID, &r.Before, &r.After, &r.Reason, &r.Evidence,
-			&r.RequestID, &r.SessionHash, &r.IP, &r.UserAgent, &r.Outcome, &r.ErrorCode, &prevHash, &hash); err != nil {
+		r, prevHash, hash, err := scanRow(rows)
+		if err != nil {
 			return VerifyResult{}, fmt.Errorf("audit: verify: %w", err)
 		}
 		res.Checked++
@@ -68,4 +59,16 @@ func Verify(ctx context.Context, q Querier) (VerifyResult, error) {
 		return VerifyResult{}, fmt.Errorf("audit: verify: %w", err)
 	}
 	return res, nil
+}
+
+// rowColumns are an audit_event row as scanRow reads it.
+const rowColumns = `seq, occurred_at, actor_iss, actor_sub, actor_name, actor_roles, action,
+	target_type, target_id, before::text, after::text, reason, evidence, request_id,
+	session_hash, ip, user_agent, outcome, error_code, prev_hash, hash`
+
+func scanRow(rows pgx.Rows) (r row, prevHash, hash []byte, err error) {
+	err = rows.Scan(&r.Seq, &r.OccurredAt, &r.ActorIss, &r.ActorSub, &r.ActorName, &r.ActorRoles,
+		&r.Action, &r.TargetType, &r.TargetID, &r.Before, &r.After, &r.Reason, &r.Evidence,
+		&r.RequestID, &r.SessionHash, &r.IP, &r.UserAgent, &r.Outcome, &r.ErrorCode, &prevHash, &hash)
+	return r, prevHash, hash, err
 }

@@ -116,7 +116,8 @@ var ErrReauthRequired = errors.New("auth: this action needs a recent login")
 
 // Guard is the echo middleware that enforces Access on every route: it
 // loads the session, checks the CSRF token on every unsafe method and the
-// permission, and audits every refusal.
+// permission, and records every refusal: a signed-in user's in the audit
+// chain, one without a session in the refusal log (refusal.go).
 type Guard struct {
 	Sessions *Sessions
 	Pool     *pgxpool.Pool
@@ -128,6 +129,10 @@ type Guard struct {
 	Now func() time.Time
 	// Roles re-checks a session's roles at the provider (nil: never).
 	Roles *RoleCheck
+	// Refusals logs refusals of requests without a session (nil: each one
+	// is written to the refusal log, unlimited); they never enter the
+	// audit chain.
+	Refusals *Refusals
 }
 
 const sessionKey = "sluice.session"
@@ -247,7 +252,14 @@ func (g *Guard) deny(c echo.Context, sess *Session, reason string) error {
 	if g.Meta != nil {
 		meta = g.Meta(c)
 	}
-	if err := RecordDenied(c.Request().Context(), g.Pool, sess, meta, c.Request().Method+" "+c.Path(), reason); err != nil {
+	route := c.Request().Method + " " + c.Path()
+	var err error
+	if sess == nil {
+		err = g.refusals().Record(c.Request().Context(), meta, route, reason)
+	} else {
+		err = RecordDenied(c.Request().Context(), g.Pool, sess, meta, route, reason)
+	}
+	if err != nil {
 		return err
 	}
 	if g.Denied != nil {

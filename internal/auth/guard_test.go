@@ -18,7 +18,8 @@ import (
 )
 
 // The guard enforces each route's declared access: permission, CSRF on
-// unsafe methods, and an audited 403 for every refusal.
+// unsafe methods, and a recorded 403 for every refusal (audited for a
+// signed-in user, in the refusal log without a session).
 func TestGuardEnforcesPermissionAndCSRF(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil) // logins map to operator
@@ -66,21 +67,26 @@ func TestGuardEnforcesPermissionAndCSRF(t *testing.T) {
 		{"POST", "/outbox/1/retry", csrf, false, 403},      // no session
 		{"POST", "/pii/reveal", csrf, true, 200},
 	}
-	denied := 0
+	denied, refused := 0, 0
 	for _, c := range cases {
 		if got := do(c.method, c.path, c.token, c.cookie); got != c.want {
 			t.Errorf("%s %s token=%v cookie=%v: %d, want %d", c.method, c.path, c.token != "", c.cookie, got, c.want)
 		}
-		if c.want == 403 {
+		switch {
+		case c.want == 403 && c.cookie:
 			denied++
+		case c.want == 403:
+			refused++ // no session: the refusal log, not the chain
 		}
 	}
-	var n int
-	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM audit_event WHERE action = 'request.denied' AND outcome = 'denied'`).Scan(&n); err != nil {
+	var n, r int
+	if err := f.pool.QueryRow(context.Background(), `
+		SELECT (SELECT count(*) FROM audit_event WHERE action = 'request.denied' AND outcome = 'denied'),
+		       (SELECT count(*) FROM console_refusal WHERE reason = 'no_session' AND route = 'POST /outbox/:id/retry')`).Scan(&n, &r); err != nil {
 		t.Fatal(err)
 	}
-	if n != denied {
-		t.Fatalf("%d denials audited, want %d", n, denied)
+	if n != denied || r != refused {
+		t.Fatalf("%d denials audited, want %d; %d refusals logged, want %d", n, denied, r, refused)
 	}
 	var route, code string
 	_ = f.pool.QueryRow(context.Background(), `SELECT target_id, error_code FROM audit_event WHERE action = 'request.denied' ORDER BY seq LIMIT 1`).Scan(&route, &code)

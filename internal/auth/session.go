@@ -155,6 +155,18 @@ func (s *Sessions) Touch(ctx context.Context, token string) (*Session, error) {
 		RETURNING `+sessionColumns, HashToken(token), now, now.Add(-s.idle)))
 }
 
+// Peek finds the live session of a cookie value without counting the
+// request as activity (a refused request must not keep a session alive).
+func (s *Sessions) Peek(ctx context.Context, token string) (*Session, error) {
+	if token == "" {
+		return nil, ErrNoSession
+	}
+	now := s.now()
+	return scanSession(s.pool.QueryRow(ctx, `
+		SELECT `+sessionColumns+` FROM console_session
+		WHERE id_hash = $1 AND expires_at > $2 AND last_seen_at > $3`, HashToken(token), now, now.Add(-s.idle)))
+}
+
 // Alive reports whether the session with this id hash is still valid,
 // without counting as activity (the websocket's periodic re-check).
 func (s *Sessions) Alive(ctx context.Context, idHash []byte) (bool, error) {

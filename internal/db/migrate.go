@@ -50,8 +50,11 @@ func provider(pool *pgxpool.Pool) (*goose.Provider, *sql.DB, error) {
 	return p, sqlDB, nil
 }
 
-// Migrate applies every pending migration and returns how many ran.
-// Concurrent callers are safe: goose takes a session lock.
+// Migrate applies every pending migration and returns how many ran, then
+// re-applies the grants of every application role `console db grant`
+// recorded, so new tables are usable by the services and the append-only
+// ones stay INSERT and SELECT only. Run it as the role that owns the
+// tables. Concurrent callers are safe: goose takes a session lock.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	p, sqlDB, err := provider(pool)
 	if err != nil {
@@ -61,6 +64,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	res, err := p.Up(ctx)
 	if err != nil {
 		return len(res), fmt.Errorf("migrate: %w", err)
+	}
+	if _, err := regrant(ctx, pool); err != nil {
+		return len(res), fmt.Errorf("migrate: re-apply application role grants: %w", err)
 	}
 	return len(res), nil
 }

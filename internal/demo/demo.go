@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -62,6 +63,9 @@ type Demo struct {
 	idp        *devoidc.Server
 	console    *web.App
 	ConsoleURL string
+	// anchorFile holds the signed audit anchors; the key is generated and
+	// lives only in this process, as AUDIT_SIGNING_KEY would outside it.
+	anchorFile, anchorVerifyKey string
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -164,6 +168,10 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 		return nil, err
 	}
 	d.goRun("console", func() error { return d.console.Run(runCtx) })
+	if err = d.startAnchors(runCtx); err != nil {
+		return nil, err
+	}
+	step("signed audit anchors every %s in %s (AUDIT_VERIFY_KEY=%s)", anchorEvery, d.anchorFile, d.anchorVerifyKey)
 	d.banner()
 	return d, nil
 }
@@ -296,6 +304,9 @@ func (d *Demo) Close() error {
 	}
 	if d.natsDir != "" {
 		errs = append(errs, os.RemoveAll(d.natsDir))
+	}
+	if d.anchorFile != "" {
+		errs = append(errs, os.RemoveAll(filepath.Dir(d.anchorFile)))
 	}
 	if d.pool != nil {
 		d.pool.Close()

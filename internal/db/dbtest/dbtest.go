@@ -153,6 +153,54 @@ func New(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
+// AppRole returns a pool on pool's database connected as a fresh login
+// role set up by db.Grant, the way the services run in production: it owns
+// nothing and may only append to and read the audit trail and the ledger.
+// The role is dropped when the test ends.
+func AppRole(t testing.TB, pool *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	name, password := "sluice_app_"+randomHex(6), randomHex(16)
+	admin, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		t.Fatalf("dbtest: connect: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD '%s'`, name, password)); err != nil {
+		t.Fatalf("dbtest: create role: %v", err)
+	}
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = name, password
+	var app *pgxpool.Pool
+	t.Cleanup(func() {
+		if app != nil {
+			app.Close()
+		}
+		// Privileges in the test database (and its default privileges)
+		// go first: a role that holds any cannot be dropped.
+		ctx := context.Background()
+		if _, err := pool.Exec(ctx, `DROP OWNED BY `+name); err != nil {
+			t.Errorf("dbtest: drop owned by %s: %v", name, err)
+		}
+		c, err := pgx.Connect(ctx, adminURL)
+		if err != nil {
+			t.Errorf("dbtest: drop role %s: %v", name, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, `DROP ROLE IF EXISTS `+name); err != nil {
+			t.Errorf("dbtest: drop role %s: %v", name, err)
+		}
+	})
+	if _, err := db.Grant(ctx, pool, name); err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	if app, err = db.OpenConfig(ctx, cfg); err != nil {
+		t.Fatalf("dbtest: connect as %s: %v", name, err)
+	}
+	return app
+}
+
 func setup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -1,0 +1,219 @@
+package audit_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/testkit"
+)
+
+func newKey(t *testing.T) ed25519.PrivateKey {
+	t.Helper()
+	_, k, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func anchor(t *testing.T, pool *pgxpool.Pool, key ed25519.PrivateKey) audit.Anchor {
+	t.Helper()
+	a, err := audit.NewAnchor(context.Background(), pool, key, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func checkAnchors(t *testing.T, pool *pgxpool.Pool, anchors []audit.Anchor, pub ed25519.PublicKey) audit.AnchorReport {
+	t.Helper()
+	rep, err := audit.CheckAnchors(context.Background(), pool, anchors, pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// Truncating the tail, or editing a row and recomputing every later hash,
+// leaves a chain that Verify finds intact: only the anchors catch it, and
+// they name the anchor whose head is missing or different.
+func TestAnchorsCatchTruncatedAndRecomputedChains(t *testing.T) {
+	t.Parallel()
+	key := newKey(t)
+	pub := key.Public().(ed25519.PublicKey)
+	cases := []struct {
+		name   string
+		tamper func(t *testing.T, pool *pgxpool.Pool, s []int64)
+		want   string
+	}{
+		{"newest 50 deleted", func(t *testing.T, pool *pgxpool.Pool, s []int64) {
+			asSuperuser(t, pool, `DELETE FROM audit_event WHERE seq >= $1`, s[len(s)-50])
+		}, "no longer holds seq"},
+		{"one row edited, later hashes recomputed", func(t *testing.T, pool *pgxpool.Pool, s []int64) {
+			ctx := context.Background()
+			err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, `UPDATE audit_event SET reason = 'nothing happened' WHERE seq = $1`, s[10]); err != nil {
+					return err
+				}
+				return audit.RecomputeChain(ctx, tx)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}, "rewritten"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			pool := dbtest.New(t)
+			empty := anchor(t, pool, key)
+			record(t, pool, 60)
+			a := anchor(t, pool, key)
+			if rep := checkAnchors(t, pool, []audit.Anchor{empty, a}, pub); !rep.OK() || rep.Checked != 2 {
+				t.Fatalf("intact chain: %+v", rep)
+			}
+			c.tamper(t, pool, seqs(t, pool))
+			if res := verify(t, pool); !res.Intact() {
+				t.Fatalf("the tampering should leave a chain that walks intact: %+v", res)
+			}
+			rep := checkAnchors(t, pool, []audit.Anchor{empty, a}, pub)
+			if len(rep.Problems) != 1 || !strings.Contains(rep.Problems[0], c.want) || !strings.Contains(rep.Problems[0], "seq "+itoa(a.Seq)) {
+				t.Fatalf("anchor check: %+v", rep)
+			}
+		})
+	}
+}
+
+func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
+
+// A forged anchor (a head the key never signed), an altered one and one
+// signed by another key are each reported; genuine ones are not.
+func TestForgedAnchorsAreReported(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	key, other := newKey(t), newKey(t)
+	record(t, pool, 3)
+	good := anchor(t, pool, key)
+	altered := good
+	altered.At = altered.At.Add(time.Hour)
+	foreign := anchor(t, pool, other)
+	forged := good
+	forged.Sig = base64.StdEncoding.EncodeToString(make([]byte, ed25519.SignatureSize))
+	rep := checkAnchors(t, pool, []audit.Anchor{good, altered, foreign, forged}, key.Public().(ed25519.PublicKey))
+	if len(rep.Problems) != 3 || !strings.Contains(rep.Problems[0], "does not verify") ||
+		!strings.Contains(rep.Problems[1], "signed by key "+foreign.Key) || !strings.Contains(rep.Problems[2], "does not verify") {
+		t.Fatalf("report: %+v", rep.Problems)
+	}
+}
+
+// Anchors round-trip through a JSON-lines file; gaps between periodic
+// anchors of more than twice their interval are warnings, not failures.
+func TestAnchorFileAndGaps(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	key := newKey(t)
+	record(t, pool, 2)
+	path := filepath.Join(t.TempDir(), "anchors.jsonl")
+	ctx := context.Background()
+	for i := 0; i < 2; i++ {
+		if _, err := audit.AppendAnchor(ctx, pool, key, time.Minute, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors, err := audit.ReadAnchors(bytes.NewReader(b))
+	if err != nil || len(anchors) != 2 || anchors[1].Line != 2 || anchors[0].EverySeconds != 60 {
+		t.Fatalf("read back %+v %v", anchors, err)
+	}
+	pub := key.Public().(ed25519.PublicKey)
+	if rep := checkAnchors(t, pool, anchors, pub); !rep.OK() || len(rep.Warnings) != 0 {
+		t.Fatalf("two close anchors: %+v", rep)
+	}
+	// A checkpoint three intervals later, signed like the real ones.
+	late, err := audit.NewAnchor(ctx, lateClock{pool, anchors[1].At.Add(3 * time.Minute)}, key, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := checkAnchors(t, pool, append(anchors, late), pub)
+	if !rep.OK() || len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], "gap") {
+		t.Fatalf("gap: %+v", rep)
+	}
+	if _, err := audit.ReadAnchors(strings.NewReader(string(b) + "\nnot json\n")); err == nil || !strings.Contains(err.Error(), "line 4") {
+		t.Fatalf("a bad line: %v", err)
+	}
+}
+
+// lateClock answers the anchor's head query with a later database clock.
+type lateClock struct {
+	pool *pgxpool.Pool
+	at   time.Time
+}
+
+func (l lateClock) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return l.pool.QueryRow(ctx, strings.Replace(sql, "clock_timestamp()", "$1::timestamptz", 1), l.at)
+}
+
+// The periodic writer appends its first anchor at once.
+func TestAnchorerWritesAtOnce(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	record(t, pool, 1)
+	path := filepath.Join(t.TempDir(), "anchors.jsonl")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		(&audit.Anchorer{DB: pool, Key: newKey(t), Every: time.Hour, File: path}).Run(ctx)
+	}()
+	testkit.Eventually(t, "the first anchor", func() (bool, error) {
+		b, err := os.ReadFile(path)
+		return err == nil && bytes.Count(b, []byte("\n")) == 1, nil
+	})
+	cancel()
+	<-done
+}
+
+func TestSigningKeyForms(t *testing.T) {
+	t.Parallel()
+	key := newKey(t)
+	for name, s := range map[string]string{
+		"seed":        base64.StdEncoding.EncodeToString(key.Seed()),
+		"private key": base64.StdEncoding.EncodeToString(key),
+	} {
+		k, err := audit.ParseSigningKey(s)
+		if err != nil || !k.Equal(key) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	bad := append(append([]byte{}, key.Seed()...), make([]byte, 32)...)
+	for name, s := range map[string]string{"not base64": "%%%", "short": "AAAA", "mismatched halves": base64.StdEncoding.EncodeToString(bad)} {
+		if _, err := audit.ParseSigningKey(s); err == nil {
+			t.Errorf("%s accepted", name)
+		}
+	}
+	pub, err := audit.ParseVerifyKey(base64.StdEncoding.EncodeToString(key.Public().(ed25519.PublicKey)))
+	if err != nil || !pub.Equal(key.Public()) {
+		t.Fatalf("verify key: %v", err)
+	}
+}
