@@ -17,6 +17,7 @@ import (
 	"github.com/PuerkitoBio/goquery"
 	"github.com/gorilla/websocket"
 
+	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
 	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
@@ -339,17 +340,9 @@ func TestDashboardRendersAttackerTextInert(t *testing.T) {
 		topic = `<script>alert(1)</script>`
 		etype = `" onmouseover="alert(2)" hx-get="/logout`
 	)
-	ctx := context.Background()
-	for _, sql := range []string{
-		`INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload)
-		 VALUES (gen_random_uuid(), 't', 'a', 1, $1, $2, '{}'), (gen_random_uuid(), 't', 'b', 1, $1, $2, '{}')`,
-		// the error text is attacker-reachable too (a broker echoes what it refused)
-		`UPDATE outbox_event SET status = 'dead', dead_at = now(), attempts = 9, last_error = $1 || $2 WHERE aggregate_id = 'b'`,
-	} {
-		if _, err := h.pool.Exec(ctx, sql, topic, etype); err != nil {
-			t.Fatal(err)
-		}
-	}
+	outboxtest.Insert(t, h.pool, outboxtest.Seed{Topic: topic, EventType: etype})
+	// the error text is attacker-reachable too (a broker echoes what it refused)
+	outboxtest.Insert(t, h.pool, outboxtest.Seed{Topic: topic, EventType: etype, Status: "dead", Attempts: 9, LastError: topic + etype})
 	var frames strings.Builder
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(frames.String(), "onmouseover") || !strings.Contains(frames.String(), "&lt;script&gt;") ||

@@ -11,6 +11,7 @@ import (
 
 	"github.com/PuerkitoBio/goquery"
 
+	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
 	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 	"github.com/sluice-dev/sluice/internal/testkit"
 )
@@ -82,13 +83,9 @@ func TestEachDemoUserSignsInAndSeesTheirNavigation(t *testing.T) {
 func TestEveryLinkOnTheDashboardLeadsSomewhere(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{tick: 100 * time.Millisecond})
-	ctx := context.Background()
 	insertEvent(t, h, "ledger")
-	if _, err := h.pool.Exec(ctx, `
-		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at, attempts, last_error)
-		VALUES (gen_random_uuid(), 't', 'dead-1', 1, 'orders', 'order.placed.v1', '{}', 'dead', now(), 5, 'refused')`); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Insert(t, h.pool, outboxtest.Seed{Topic: "orders", EventType: "order.placed.v1", AggregateID: "dead-1",
+		Status: "dead", Attempts: 5, LastError: "refused"})
 	account := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 7, Balance: "1000"})
 	paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: account, Merchant: "m1", Invoice: "inv-1", Amount: "250.00"})
 	for _, user := range []string{"support", "oncall", "auditor", "admin"} {

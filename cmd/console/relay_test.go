@@ -14,7 +14,9 @@ import (
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/inbox/inboxtest"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
 )
 
 // lockedBuffer is a writer two subcommands may share.
@@ -113,17 +115,13 @@ func TestPruneSubcommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
+	outboxtest.Insert(t, pool, outboxtest.Seed{N: 30, Status: "published", Age: 9 * 24 * time.Hour})
+	outboxtest.Insert(t, pool, outboxtest.Seed{N: 10})
+	inboxtest.Processed(t, pool, "c", 5, 8*24*time.Hour)
+	inboxtest.Processed(t, pool, "d", 3, 24*time.Hour)
+	inboxtest.Effects(t, pool, "c", 4, 8*24*time.Hour)
+	inboxtest.Effects(t, pool, "d", 2, 24*time.Hour)
 	_, err = pool.Exec(ctx, `
-		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, published_at)
-		SELECT gen_random_uuid(), 'p', 'a', g, 't', 'p.v1', '{}', CASE WHEN g <= 30 THEN 'published' ELSE 'pending' END,
-		       CASE WHEN g <= 30 THEN now() - interval '9 days' END
-		  FROM generate_series(1, 40) g;
-		INSERT INTO inbox_message (consumer, message_id, processed_at)
-		SELECT 'c', 'm' || g, now() - CASE WHEN g <= 5 THEN interval '8 days' ELSE interval '1 day' END
-		  FROM generate_series(1, 8) g;
-		INSERT INTO consume_effect (consumer, event_id, topic, event_type, aggregate_type, aggregate_id, aggregate_seq, applied_at)
-		SELECT 'c', 'm' || g, 't', 't.v1', 'a', 'x', g, now() - CASE WHEN g <= 4 THEN interval '8 days' ELSE interval '1 day' END
-		  FROM generate_series(1, 6) g;
 		INSERT INTO console_refusal (refused_at, route, reason, ip, request_id)
 		SELECT now() - CASE WHEN g <= 9 THEN interval '8 days' ELSE interval '6 days' END, 'POST /logout', 'cross_origin', '192.0.2.1', 'r'
 		  FROM generate_series(1, 11) g`)

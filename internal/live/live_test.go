@@ -2,7 +2,6 @@ package live_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
@@ -15,7 +14,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/inbox"
 	"github.com/sluice-dev/sluice/internal/live"
-	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
 	"github.com/sluice-dev/sluice/internal/payments"
 	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 )
@@ -26,31 +25,13 @@ func TestSnapshotReadsTheLiveState(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := context.Background()
-	err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
-		for i, topic := range []string{"payments", "payments", "payments", "ledger"} {
-			if _, err := outbox.Insert(ctx, tx, outbox.Event{AggregateType: "t", AggregateID: fmt.Sprint(i), Topic: topic,
-				EventType: "t.v1", Payload: json.RawMessage(`{}`)}); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	exec := func(sql string, args ...any) {
-		t.Helper()
-		if _, err := pool.Exec(ctx, sql, args...); err != nil {
-			t.Fatal(err)
-		}
-	}
 	prev := time.Now().Add(-time.Hour)
-	// one in flight, one dead, one published just now; backdate the oldest pending
-	exec(`UPDATE outbox_event SET locked_until = now() + interval '1 minute', lock_token = gen_random_uuid(),
-	        created_at = now() - interval '90 seconds'
-	      WHERE id = (SELECT id FROM outbox_event WHERE topic = 'payments' ORDER BY id LIMIT 1)`)
-	exec(`UPDATE outbox_event SET status = 'dead', dead_at = now(), attempts = 9, last_error = repeat('broker said no; ', 20) WHERE id = (SELECT id FROM outbox_event WHERE topic = 'payments' ORDER BY id DESC LIMIT 1)`)
-	exec(`UPDATE outbox_event SET status = 'published', published_at = now() WHERE topic = 'ledger'`)
+	// payments: one pending, one in flight and the oldest (90 s), one dead;
+	// ledger: one published just now.
+	outboxtest.Insert(t, pool, outboxtest.Seed{Topic: "payments", InFlight: true, Age: 90 * time.Second})
+	outboxtest.Insert(t, pool, outboxtest.Seed{Topic: "payments"})
+	outboxtest.Insert(t, pool, outboxtest.Seed{Topic: "payments", Status: "dead", Attempts: 9, LastError: strings.Repeat("broker said no; ", 20)})
+	outboxtest.Insert(t, pool, outboxtest.Seed{Topic: "ledger", Status: "published"})
 	account := paymentstest.Account(t, pool, paymentstest.AccountOpts{ID: 1, Balance: "100"})
 	paymentstest.Payment(t, pool, paymentstest.PaymentOpts{Account: account, Amount: "12.50", Age: 10 * time.Minute})
 	paymentstest.Payment(t, pool, paymentstest.PaymentOpts{Account: account, Amount: "3.00", Age: time.Minute})
@@ -93,12 +74,7 @@ func TestSnapshotPlanUsesPartialIndexes(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx := context.Background()
 	// A history of published rows, so a sequential scan would be the wrong plan.
-	if _, err := pool.Exec(ctx, `
-		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, published_at)
-		SELECT gen_random_uuid(), 't', g::text, 1, 'x', 't.v1', '{}', 'published', now() - interval '1 day'
-		FROM generate_series(1, 20000) g`); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Insert(t, pool, outboxtest.Seed{N: 20000, Topic: "x", Status: "published", Age: 24 * time.Hour})
 	if _, err := pool.Exec(ctx, `ANALYZE outbox_event`); err != nil {
 		t.Fatal(err)
 	}
@@ -227,13 +203,9 @@ func TestHistoryKeepsScalarsOnly(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `
-		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at)
-		SELECT gen_random_uuid(), 't', g::text, 1, 'topic-' || g, 't.v1', '{}',
-		       CASE WHEN g % 2 = 0 THEN 'dead' ELSE 'pending' END, CASE WHEN g % 2 = 0 THEN now() END
-		FROM generate_series(1, 200) g`); err != nil {
-		t.Fatal(err)
-	}
+	// 200 topics: half of them with a dead event, half with a pending one.
+	outboxtest.Insert(t, pool, outboxtest.Seed{N: 100, Topic: "topic-dead-{n}", Status: "dead"})
+	outboxtest.Insert(t, pool, outboxtest.Seed{N: 100, Topic: "topic-pending-{n}"})
 	f := live.New(constQuerier{pool}, nil, live.Config{})
 	for i := 0; i < 3; i++ {
 		if err := f.Step(ctx); err != nil {

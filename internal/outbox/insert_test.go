@@ -27,9 +27,14 @@ func TestInsertFollowsTheCallersTransaction(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx := context.Background()
 	boom := errors.New("business rule failed after the insert")
+	// The caller's business table: the test's own, so it depends on no other
+	// room's schema.
+	if _, err := pool.Exec(ctx, `CREATE TABLE business_account (account_id bigint PRIMARY KEY, balance numeric NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
 
 	err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO account (account_id, balance) VALUES (1, 100)`); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO business_account (account_id, balance) VALUES (1, 100)`); err != nil {
 			return err
 		}
 		if _, err := outbox.Insert(ctx, tx, paymentEvent("1")); err != nil {
@@ -41,7 +46,7 @@ func TestInsertFollowsTheCallersTransaction(t *testing.T) {
 		t.Fatalf("WithTx = %v, want the business error", err)
 	}
 	var accounts, events int
-	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM account), (SELECT count(*) FROM outbox_event)`).Scan(&accounts, &events); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM business_account), (SELECT count(*) FROM outbox_event)`).Scan(&accounts, &events); err != nil {
 		t.Fatal(err)
 	}
 	if accounts != 0 || events != 0 {
@@ -50,7 +55,7 @@ func TestInsertFollowsTheCallersTransaction(t *testing.T) {
 
 	var ins outbox.Inserted
 	err = db.WithTx(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO account (account_id, balance) VALUES (2, 100)`); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO business_account (account_id, balance) VALUES (2, 100)`); err != nil {
 			return err
 		}
 		var err error
@@ -67,7 +72,7 @@ func TestInsertFollowsTheCallersTransaction(t *testing.T) {
 	if row.Status != outbox.StatusPending || row.AggregateID != "2" || row.AggregateSeq != 1 {
 		t.Fatalf("event after commit = %+v", row)
 	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM account WHERE account_id = 2`).Scan(&accounts); err != nil || accounts != 1 {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM business_account WHERE account_id = 2`).Scan(&accounts); err != nil || accounts != 1 {
 		t.Fatalf("account after commit: %d (%v)", accounts, err)
 	}
 	if ins.ID.Version() != 7 {
