@@ -3,10 +3,7 @@ package main
 import (
 	"context"
 
-	"github.com/sluice-dev/sluice/internal/broker"
-	"github.com/sluice-dev/sluice/internal/broker/brokerurl"
 	"github.com/sluice-dev/sluice/internal/config"
-	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/inbox"
 )
 
@@ -18,30 +15,22 @@ func runConsume(ctx context.Context, e env, args []string) error {
 		"its aggregate's last applied sequence is dropped as stale. Stops cleanly on SIGINT/SIGTERM.", &c, args, nil); err != nil {
 		return err
 	}
-	log := newLogger(e.stderr, c.LogLevel)
-	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)
+	w, err := openBrokerWorker(ctx, e, c.Common, c.Broker)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	b, err := brokerurl.Open(ctx, c.Broker.URL, broker.Options{Namespace: c.Broker.Namespace, Logger: log})
+	defer w.Close()
+	log := w.log
+	in, err := inbox.Open(w.pool, inbox.WithMetrics(w.reg), inbox.WithLogger(log))
 	if err != nil {
 		return err
 	}
-	defer b.Close()
-	reg := newProcessRegistry()
-	in, err := inbox.Open(pool, inbox.WithMetrics(reg), inbox.WithLogger(log))
-	if err != nil {
+	if err := w.serveMetrics(c.MetricsAddr); err != nil {
 		return err
 	}
-	stop, err := startMetricsListener(c.MetricsAddr, reg, log)
-	if err != nil {
-		return err
-	}
-	defer stop()
 	consumer := &inbox.Consumer{Inbox: in, Name: c.Consumer}
 	log.Info("consumer started", "consumer", c.Consumer)
-	err = consumer.Run(ctx, b)
+	err = consumer.Run(ctx, w.broker)
 	n := consumer.Counts()
 	log.Info("consumer stopped", "consumer", c.Consumer, "applied", n.Applied, "duplicates", n.Duplicates, "stale", n.Stale)
 	return err

@@ -13,10 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/sluice-dev/sluice/internal/broker"
-	"github.com/sluice-dev/sluice/internal/broker/brokerurl"
 	"github.com/sluice-dev/sluice/internal/config"
-	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/outbox"
 )
 
@@ -25,19 +22,12 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	if _, err := configure(e, "relay", "Outbox relay worker: claims pending events (FOR UPDATE SKIP LOCKED, under a lease),\npublishes them to the broker, marks them published. Run as many as you like, on as many hosts as you like.\nStops cleanly on SIGINT/SIGTERM.", &c, args, nil); err != nil {
 		return err
 	}
-	log := newLogger(e.stderr, c.LogLevel)
-	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)
+	w, err := openBrokerWorker(ctx, e, c.Common, c.Broker)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	b, err := brokerurl.Open(ctx, c.Broker.URL, broker.Options{Namespace: c.Broker.Namespace, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer b.Close()
-	reg := newProcessRegistry()
-	relay, err := outbox.NewRelay(pool, b, outbox.RelayConfig{
+	defer w.Close()
+	relay, err := outbox.NewRelay(w.pool, w.broker, outbox.RelayConfig{
 		BatchSize:          c.BatchSize,
 		Lease:              c.Lease,
 		PollInterval:       c.PollInterval,
@@ -45,15 +35,13 @@ func runRelay(ctx context.Context, e env, args []string) error {
 		Backoff:            outbox.Backoff{Base: c.BackoffBase, Cap: c.BackoffCap},
 		DisableOrdering:    !c.Ordering,
 		PublishConcurrency: c.PublishConcurrency,
-	}, log, reg)
+	}, w.log, w.reg)
 	if err != nil {
 		return err
 	}
-	stop, err := startMetricsListener(c.MetricsAddr, reg, log)
-	if err != nil {
+	if err := w.serveMetrics(c.MetricsAddr); err != nil {
 		return err
 	}
-	defer stop()
 	return relay.Run(ctx)
 }
 

@@ -158,16 +158,36 @@ func (s *Service) recoverOne(ctx context.Context, op uuid.UUID, lease time.Time)
 // payment once; no answer (unknown, not found, an error) leaves it unknown
 // and its reservation active. It also refreshes the unknown gauges.
 func (s *Service) ReconcileOnce(ctx context.Context) (int, error) {
-	rows, err := s.pool.Query(ctx, `
+	var errs []error
+	n, err := s.inquireDue(ctx, "unknown payments", `
 		SELECT operation_id FROM payment
 		WHERE status = 'unknown' AND (next_inquiry_at IS NULL OR next_inquiry_at <= `+dbNow+`)
-		ORDER BY unknown_since, operation_id LIMIT @batch`, pgx.NamedArgs{"now": s.nowArg(), "batch": s.cfg.Batch})
+		ORDER BY unknown_since, operation_id LIMIT @batch`, func(r InquiryReport) bool { return r.Resolved })
 	if err != nil {
-		return 0, fmt.Errorf("payments: list unknown: %w", err)
+		errs = append(errs, err)
+	}
+	checked, err := s.checkFailed(ctx)
+	n += checked
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.RefreshGauges(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	return n, errors.Join(errs...)
+}
+
+// inquireDue inquires every payment dueSQL lists (its operation ids; @now
+// and @batch are bound) and returns how many reports counted says count.
+// One payment's failed inquiry does not stop the others.
+func (s *Service) inquireDue(ctx context.Context, what, dueSQL string, counted func(InquiryReport) bool) (int, error) {
+	rows, err := s.pool.Query(ctx, dueSQL, pgx.NamedArgs{"now": s.nowArg(), "batch": s.cfg.Batch})
+	if err != nil {
+		return 0, fmt.Errorf("payments: list %s to inquire: %w", what, err)
 	}
 	ops, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
-		return 0, fmt.Errorf("payments: list unknown: %w", err)
+		return 0, fmt.Errorf("payments: list %s to inquire: %w", what, err)
 	}
 	n := 0
 	var errs []error
@@ -177,17 +197,9 @@ func (s *Service) ReconcileOnce(ctx context.Context) (int, error) {
 			errs = append(errs, err)
 			continue
 		}
-		if rep.Resolved {
+		if counted(rep) {
 			n++
 		}
-	}
-	checked, err := s.checkFailed(ctx)
-	n += checked
-	if err != nil {
-		errs = append(errs, err)
-	}
-	if err := s.RefreshGauges(ctx); err != nil {
-		errs = append(errs, err)
 	}
 	return n, errors.Join(errs...)
 }
@@ -203,30 +215,10 @@ const failedChecks = 3
 // saying it charged one files a discrepancy. It returns how many
 // discrepancies it filed.
 func (s *Service) checkFailed(ctx context.Context) (int, error) {
-	rows, err := s.pool.Query(ctx, `
+	return s.inquireDue(ctx, "failed payments", `
 		SELECT operation_id FROM payment
 		WHERE status = 'failed' AND next_inquiry_at IS NOT NULL AND next_inquiry_at <= `+dbNow+`
-		ORDER BY next_inquiry_at LIMIT @batch`, pgx.NamedArgs{"now": s.nowArg(), "batch": s.cfg.Batch})
-	if err != nil {
-		return 0, fmt.Errorf("payments: list failed payments to re-check: %w", err)
-	}
-	ops, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return 0, fmt.Errorf("payments: list failed payments to re-check: %w", err)
-	}
-	n := 0
-	var errs []error
-	for _, op := range ops {
-		rep, err := s.Inquire(ctx, op)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if rep.Discrepancy {
-			n++
-		}
-	}
-	return n, errors.Join(errs...)
+		ORDER BY next_inquiry_at LIMIT @batch`, func(r InquiryReport) bool { return r.Discrepancy })
 }
 
 // InquiryReport is what an inquiry found and did.
