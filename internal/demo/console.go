@@ -54,7 +54,10 @@ func (d *Demo) startConsole(ctx context.Context) (string, error) {
 		OIDCClientSecret: clientSecret,
 		RolesClaim:       devoidc.RolesClaim,
 		RoleMap:          roles,
-	}, web.Deps{Pool: d.pool, Logger: d.log, Listener: ln})
+	}, web.Deps{Pool: d.pool, Logger: d.log, Listener: ln,
+		// One process, one /metrics: the console serves what the relays,
+		// the consumer and the payments service registered too.
+		Registry: d.reg})
 	if err != nil {
 		ln.Close()
 		return "", err

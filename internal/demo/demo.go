@@ -144,7 +144,11 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	d.consumer = &inbox.Consumer{Inbox: inbox.New(d.pool), Name: consumerName}
+	in, err := inbox.Open(d.pool, inbox.WithMetrics(d.reg), inbox.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	d.consumer = &inbox.Consumer{Inbox: in, Name: consumerName}
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.cancel = cancel

@@ -3,6 +3,7 @@ package demo
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -71,7 +72,18 @@ func TestDemoComesAliveAndCleansUp(t *testing.T) {
 	home, perr := client.Do(req)
 	tryBannerExample(t, out.String())
 	verifyBannerDatabase(t, out.String(), server)
+	metrics := scrape(t, d.ConsoleURL+"/metrics")
 	stop()
+	// One process, one /metrics: every part's series are on the console's.
+	for part, name := range map[string]string{
+		"relays": "sluice_outbox_published_total", "consumer": "sluice_inbox_processed_total",
+		"payments service": "sluice_payments_total", "payments health": "sluice_payments_unknown",
+		"console": "sluice_ws_clients", "live snapshot": "sluice_outbox_backlog",
+	} {
+		if !strings.Contains(metrics, "\n"+name) {
+			t.Errorf("the demo's /metrics lacks the %s' %s", part, name)
+		}
+	}
 	if herr != nil || health.StatusCode != http.StatusOK {
 		t.Errorf("console /healthz: %v %v", herr, health)
 	}
@@ -111,6 +123,20 @@ func TestDemoComesAliveAndCleansUp(t *testing.T) {
 	if exists {
 		t.Errorf("demo database %s still exists after Close", demoDB)
 	}
+}
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("scrape %s: %d %v", url, resp.StatusCode, err)
+	}
+	return string(body)
 }
 
 // bannerCurl finds the payments example the banner prints: URL,

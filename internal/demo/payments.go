@@ -76,6 +76,8 @@ func (d *Demo) startPayments(ctx context.Context) error {
 		InquiryBackoff:    5 * time.Second,
 		InquiryBackoffMax: time.Minute,
 		Poker:             d.notifier, // relays publish payment.* events at once
+		// The console in this process exports these from its snapshot.
+		HealthGaugesElsewhere: true,
 	}, d.log, d.reg)
 	if err != nil {
 		return err

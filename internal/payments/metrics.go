@@ -34,7 +34,7 @@ type metrics struct {
 // newMetrics builds the package's collectors and registers them on reg (nil:
 // not registered) through db.Register, so two services sharing a registry
 // share the collectors. Labels carry bounded values only.
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, healthGauges bool) (*metrics, error) {
 	m := &metrics{
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_idempotency_conflicts_total",
@@ -81,9 +81,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	})
 	var err error
 	register(reg, &m.conflicts, &err)
-	register(reg, &m.unknown, &err)
-	register(reg, &m.reconcileAge, &err)
-	register(reg, &m.discrepancy, &err)
+	if healthGauges {
+		register(reg, &m.unknown, &err)
+		register(reg, &m.reconcileAge, &err)
+		register(reg, &m.discrepancy, &err)
+	}
 	register(reg, &m.payments, &err)
 	register(reg, &m.providerCall, &err)
 	register(reg, &m.replays, &err)

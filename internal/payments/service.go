@@ -38,6 +38,12 @@ type Config struct {
 	// sleeping relay publishes it at once (an *outbox.Notifier); nil: the
 	// relays find the events on their next poll.
 	Poker Poker
+	// HealthGaugesElsewhere leaves sluice_payments_unknown,
+	// sluice_payments_reconcile_age_seconds and sluice_payments_discrepancies
+	// to another part of the same process: the console exports the same
+	// numbers from its snapshot, and in `console demo`, where both run and
+	// share one /metrics, each number must have one source.
+	HealthGaugesElsewhere bool
 }
 
 // Poker wakes the relays; *outbox.Notifier is one. Poke must not block.
@@ -108,7 +114,7 @@ func NewService(pool *pgxpool.Pool, prov provider.Provider, kr *pii.Keyring, cfg
 		log = slog.New(slog.DiscardHandler)
 	}
 	cfg = cfg.withDefaults()
-	m, err := newMetrics(reg)
+	m, err := newMetrics(reg, !cfg.HealthGaugesElsewhere)
 	if err != nil {
 		return nil, fmt.Errorf("payments: metrics: %w", err)
 	}
