@@ -315,4 +315,3 @@ func TestViewerSeesNoActionsAndIsRefused(t *testing.T) {
 		t.Fatalf("support's retry audited %d times", n)
 	}
 }
-

@@ -7,8 +7,10 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/gorilla/websocket"
 )
 
 // planted is an outbox row written straight into the table, in any state.
@@ -107,4 +109,26 @@ func (h *harness) postForm(t *testing.T, b *browser, path string, form url.Value
 	data, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	return resp, string(data)
+}
+
+// dialPath opens the websocket at path (a page's ws-connect) as b.
+func (h *harness) dialPath(t *testing.T, b *browser, path string) (*websocket.Conn, error) {
+	t.Helper()
+	d := websocket.Dialer{HandshakeTimeout: 10 * time.Second, Jar: b.Jar}
+	c, _, err := d.Dial("ws"+strings.TrimPrefix(h.base, "http")+path, http.Header{"Origin": {h.base}})
+	return c, err
+}
+
+// readFrames reads n frames and returns them joined.
+func readFrames(c *websocket.Conn, n int) (string, error) {
+	var sb strings.Builder
+	for range n {
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		_, msg, err := c.ReadMessage()
+		if err != nil {
+			return sb.String(), err
+		}
+		sb.Write(msg)
+	}
+	return sb.String(), nil
 }
