@@ -46,14 +46,11 @@ func TestInboxPageAndDuplicateRatio(t *testing.T) {
 	if got := d.Find(`[data-testid="retention"]`).Text(); !strings.Contains(got, "7d0h") || !strings.Contains(got, "the default") {
 		t.Errorf("retention %q", got)
 	}
-	if d.Find("[onmouseover]").Length() != 0 || d.Find(`[hx-get="/logout"]`).Length() != 0 || !strings.Contains(d.Text(), evil) {
-		t.Error("a consumer name is not inert text")
+	if !strings.Contains(d.Text(), evil) {
+		t.Error("a consumer name is not shown as text")
 	}
-	d.Find("script").Each(func(_ int, s *goquery.Selection) {
-		if strings.Contains(s.Text(), "alert") {
-			t.Error("a script element from data")
-		}
-	})
+	html, _ := d.Html()
+	assertInert(t, "inbox", html)
 	_, body := b.get(t, h.base+"/", "text/html")
 	if got := doc(t, body).Find(`[data-testid="duplicate-ratio"]`).Text(); got != "25.0%" {
 		t.Errorf("dashboard duplicate ratio %q", got)

@@ -53,9 +53,7 @@ func (h *harness) auditRows(t *testing.T, action string, id uuid.UUID) []auditRo
 func TestOutboxActionAndAuditCommitTogetherOrNotAtAll(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{})
-	b := newBrowser(t)
-	h.login(t, b, "oncall", "oncall", "")
-	token := h.csrf(t, b)
+	b, token := h.signedIn(t, "oncall")
 	ctx := context.Background()
 	cases := []struct {
 		path, action, from, to, reason string
@@ -203,9 +201,7 @@ func TestFiftyConcurrentRetriesOneWins(t *testing.T) {
 func TestStaleActionIsAConflictShowingTheCurrentState(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{})
-	b := newBrowser(t)
-	h.login(t, b, "oncall", "oncall", "")
-	token := h.csrf(t, b)
+	b, token := h.signedIn(t, "oncall")
 	id := plant(t, h, planted{status: "pending"})
 	_, page := b.get(t, h.base+"/outbox/"+id.String(), "text/html")
 	expected := doc(t, page).Find(`[data-testid="form-dead-letter"] input[name="expected"]`).AttrOr("value", "")
@@ -245,9 +241,7 @@ func TestStaleActionIsAConflictShowingTheCurrentState(t *testing.T) {
 func TestActionWithoutReasonIsAFieldError(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{})
-	b := newBrowser(t)
-	h.login(t, b, "oncall", "oncall", "")
-	token := h.csrf(t, b)
+	b, token := h.signedIn(t, "oncall")
 	for _, c := range []struct{ path, status string }{{"dead-letter", "pending"}, {"discard", "dead"}} {
 		id := plant(t, h, planted{status: c.status})
 		resp, body := h.postForm(t, b, "/outbox/"+id.String()+"/"+c.path, url.Values{"csrf_token": {token}, "expected": {c.status}, "reason": {"   "}})

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/PuerkitoBio/goquery"
 	"github.com/google/uuid"
 	"github.com/gorilla/websocket"
 )
@@ -131,4 +132,30 @@ func readFrames(c *websocket.Conn, n int) (string, error) {
 		sb.Write(msg)
 	}
 	return sb.String(), nil
+}
+
+// signedIn is a browser signed in as user, with its session's CSRF token.
+func (h *harness) signedIn(t *testing.T, user string) (*browser, string) {
+	t.Helper()
+	b := newBrowser(t)
+	h.login(t, b, user, user, "")
+	return b, h.csrf(t, b)
+}
+
+// assertInert checks SECURITY.md case 6 on a page or fragment: the planted
+// <script>, onmouseover and hx-get="/logout" are text, never markup.
+func assertInert(t *testing.T, name, html string) {
+	t.Helper()
+	d := doc(t, html)
+	d.Find("script").Each(func(_ int, s *goquery.Selection) {
+		if strings.Contains(s.Text(), "alert") {
+			t.Errorf("%s: a script element from data: %s", name, s.Text())
+		}
+	})
+	if n := d.Find("[onmouseover]").Length(); n != 0 {
+		t.Errorf("%s: %d elements with an onmouseover attribute", name, n)
+	}
+	if n := d.Find(`[hx-get="/logout"]`).Length(); n != 0 {
+		t.Errorf("%s: %d elements with an hx-get from data", name, n)
+	}
 }
