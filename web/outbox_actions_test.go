@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/PuerkitoBio/goquery"
 	"github.com/google/uuid"
 
 	"github.com/sluice-dev/sluice/internal/audit"
@@ -307,5 +308,31 @@ func TestViewerSeesNoActionsAndIsRefused(t *testing.T) {
 	}
 	if n := h.countAudit(t, `action = 'request.denied' AND outcome = 'denied' AND error_code = 'permission' AND target_id = 'POST /outbox/:id/retry' AND actor_name = 'support'`); n != 1 {
 		t.Fatalf("support's retry audited %d times", n)
+	}
+}
+
+// An htmx request gets the updated event fragment instead of a redirect.
+func TestHtmxActionAnswersWithTheFragment(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	b, token := h.signedIn(t, "admin")
+	id := plant(t, h, planted{status: "dead"})
+	req, _ := http.NewRequest(http.MethodPost, h.base+"/outbox/"+id.String()+"/retry", strings.NewReader(url.Values{"expected": {"dead"}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("HX-Request", "true")
+	req.Header.Set("X-CSRF-Token", token)
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	resp, err := b.noRedirects().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	d, err := goquery.NewDocumentFromReader(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || d.Find("html > head > title").Length() != 0 ||
+		d.Find(`#event [data-testid="notice"]`).Length() != 1 || d.Find(`[data-testid="event-status"]`).Text() != "pending" {
+		t.Fatalf("htmx retry: %d, fragment %q", resp.StatusCode, d.Find("#event").Text())
 	}
 }
