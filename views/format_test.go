@@ -22,3 +22,20 @@ func TestSparkNowIsTheNewestValueAfterDownsampling(t *testing.T) {
 		t.Errorf("max = %s, want 49", sp.Max)
 	}
 }
+
+func TestApproxPercentAndPrettyJSON(t *testing.T) {
+	for n, want := range map[int64]string{999: "999", 9_999: "9,999", 12_345: "12k", 1_234_567: "1.2M", 3_000_000_000: "3.0G"} {
+		if got := Approx(n); got != want {
+			t.Errorf("Approx(%d) = %s, want %s", n, got, want)
+		}
+	}
+	if got := Percent(1.0 / 3); got != "33.3%" {
+		t.Errorf("Percent = %s", got)
+	}
+	if got := PrettyJSON([]byte(`{"a":[1,"<b>"]}`)); got != "{\n  \"a\": [\n    1,\n    \"<b>\"\n  ]\n}" {
+		t.Errorf("PrettyJSON = %q", got)
+	}
+	if got := PrettyJSON([]byte(`not json <x>`)); got != "not json <x>" {
+		t.Errorf("PrettyJSON of text = %q", got)
+	}
+}

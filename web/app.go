@@ -67,6 +67,14 @@ type Config struct {
 	// 429, and no row is written.
 	LoginRate    int
 	LoginPending int
+	// The dashboard's warning thresholds: a tile turns orange at them.
+	// WarnOldestPending (CONSOLE_WARN_OLDEST_PENDING, default 5m) and
+	// WarnReconcileAge (CONSOLE_WARN_RECONCILE_AGE, default 15m) are ages;
+	// WarnDead (CONSOLE_WARN_DEAD, default 1) is the number of dead letters
+	// from which the tile warns.
+	WarnOldestPending time.Duration
+	WarnReconcileAge  time.Duration
+	WarnDead          int64
 }
 
 // Defaults of Config, applied to zero fields by New; `console serve` shows
@@ -83,6 +91,9 @@ const (
 	DefaultIdleTimeout       = 2 * time.Minute
 	DefaultWSPerSession      = 8
 	DefaultLoginRate         = 60
+	DefaultWarnOldestPending = 5 * time.Minute
+	DefaultWarnReconcileAge  = 15 * time.Minute
+	DefaultWarnDead          = 1
 )
 
 // Deps are the parts the console is built from.
@@ -172,6 +183,15 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	}
 	if cfg.LoginPending <= 0 {
 		cfg.LoginPending = auth.DefaultMaxPendingLogins
+	}
+	if cfg.WarnOldestPending <= 0 {
+		cfg.WarnOldestPending = DefaultWarnOldestPending
+	}
+	if cfg.WarnReconcileAge <= 0 {
+		cfg.WarnReconcileAge = DefaultWarnReconcileAge
+	}
+	if cfg.WarnDead <= 0 {
+		cfg.WarnDead = DefaultWarnDead
 	}
 	if deps.Now == nil {
 		deps.Now = time.Now

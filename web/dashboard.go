@@ -50,7 +50,7 @@ func (a *App) page(c echo.Context, title, active string) views.Page {
 func (a *App) dashboard(c echo.Context) error {
 	s, ok := a.feed.Latest()
 	d := dashboardData(s, ok, a.feed.History())
-	d.Links = a.links
+	d.Links, d.Warn = a.links, a.thresholds()
 	return render(c, http.StatusOK, views.Dashboard(a.page(c, "Dashboard", "/"), d))
 }
 
@@ -83,4 +83,9 @@ func spanOf(hist []live.Snapshot) string {
 		return "last hour"
 	}
 	return "last " + views.Age(d.Round(time.Second))
+}
+
+// thresholds are the dashboard's warning levels (CONSOLE_WARN_*).
+func (a *App) thresholds() views.Thresholds {
+	return views.Thresholds{OldestPending: a.cfg.WarnOldestPending, ReconcileAge: a.cfg.WarnReconcileAge, Dead: a.cfg.WarnDead}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/views"
 )
 
@@ -27,15 +28,36 @@ var (
 		"Too many sign-ins were started from your address or are in progress. Wait a minute, then try again.")
 )
 
+// publicError is an error whose message is written for the user (the
+// error page shows it instead of the status's generic sentence).
+type publicError struct {
+	status int
+	msg    string
+}
+
+func (e *publicError) Error() string { return e.msg }
+
+// badRequest is a 400 that says what is wrong.
+func badRequest(msg string) error { return &publicError{status: http.StatusBadRequest, msg: msg} }
+
 func statusOf(err error) int {
-	var he *echo.HTTPError
+	var (
+		he *echo.HTTPError
+		pe *publicError
+	)
 	switch {
 	case errors.As(err, &he):
 		return he.Code
-	case errors.Is(err, ErrNotFound):
+	case errors.As(err, &pe):
+		return pe.status
+	case errors.Is(err, ErrNotFound), errors.Is(err, outbox.ErrNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, ErrConflict):
+	case errors.Is(err, ErrConflict), errors.Is(err, outbox.ErrConflict):
 		return http.StatusConflict
+	case errors.Is(err, outbox.ErrInvalidFilter), errors.Is(err, outbox.ErrInvalidCursor):
+		return http.StatusBadRequest
+	case errors.Is(err, outbox.ErrInvalidAction):
+		return http.StatusUnprocessableEntity
 	case errors.Is(err, ErrForbidden), errors.Is(err, auth.ErrNoRole):
 		return http.StatusForbidden
 	case errors.Is(err, ErrBadRequest), errors.Is(err, auth.ErrBadState):
@@ -81,7 +103,10 @@ func (a *App) handleError(err error, c echo.Context) {
 	if !ok {
 		msg = http.StatusText(status)
 	}
+	var pe *publicError
 	switch {
+	case errors.As(err, &pe):
+		msg = pe.msg
 	case errors.Is(err, errTooManySignIns):
 		msg = errTooManySignIns.Message.(string)
 	case errors.Is(err, auth.ErrProviderUnavailable):

@@ -19,7 +19,7 @@ func secondsDur(v float64) time.Duration { return time.Duration(v * float64(time
 // PII (ids, counts, amounts and ages only).
 func (a *App) renderLive(s live.Snapshot, hist []live.Snapshot) ([]live.Fragment, error) {
 	d := dashboardData(s, true, hist)
-	d.Links = a.links
+	d.Links, d.Warn = a.links, a.thresholds()
 	parts := []struct {
 		id   string
 		comp templ.Component

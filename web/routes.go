@@ -35,6 +35,14 @@ func (a *App) routes() []route {
 		{http.MethodPost, "/logout", signOut, a.logout},
 		{http.MethodGet, "/", page(auth.PermView), a.dashboard},
 		{http.MethodGet, "/ws", api(auth.PermView), a.ws},
+		// The outbox and inbox screens and the single outbox actions.
+		{http.MethodGet, "/outbox", page(auth.PermView), a.outboxList},
+		{http.MethodGet, "/outbox/:id", page(auth.PermView), a.outboxEvent},
+		{http.MethodPost, "/outbox/:id/retry", api(auth.PermOutboxAct), a.handleOutboxAction(actionRetry)},
+		{http.MethodPost, "/outbox/:id/retry-now", api(auth.PermOutboxAct), a.handleOutboxAction(actionRetryNow)},
+		{http.MethodPost, "/outbox/:id/dead-letter", api(auth.PermOutboxAct), a.handleOutboxAction(actionDeadLetter)},
+		{http.MethodPost, "/outbox/:id/discard", api(auth.PermOutboxAct), a.handleOutboxAction(actionDiscard)},
+		{http.MethodGet, "/inbox", page(auth.PermView), a.inboxPage},
 	}
 	if !a.separateMetrics() {
 		rs = append(rs, route{http.MethodGet, "/metrics", public, echo.WrapHandler(a.metricsHandler())})

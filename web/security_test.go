@@ -43,11 +43,12 @@ func TestEachDemoUserSignsInAndSeesTheirNavigation(t *testing.T) {
 		if got := d.Find(`[data-testid="user"]`).Text(); got != user {
 			t.Errorf("%s: user %q", user, got)
 		}
-		// Only pages that exist are in the navigation: today the dashboard.
+		// Only pages that exist are in the navigation: today the
+		// dashboard, the outbox and the inbox.
 		var nav []string
 		d.Find(`[data-testid="nav"] a`).Each(func(_ int, s *goquery.Selection) { nav = append(nav, s.AttrOr("data-testid", "")) })
-		if strings.Join(nav, ",") != "nav-dashboard" {
-			t.Errorf("%s: navigation %v, want only the dashboard", user, nav)
+		if strings.Join(nav, ",") != "nav-dashboard,nav-outbox,nav-inbox" {
+			t.Errorf("%s: navigation %v, want the dashboard, the outbox and the inbox", user, nav)
 		}
 		for _, id := range []string{"nav-dashboard", "backlog", "unknown", "conn"} {
 			if d.Find(`[data-testid="`+id+`"]`).Length() != 1 {
@@ -108,9 +109,23 @@ func TestEveryLinkOnTheDashboardLeadsSomewhere(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: no websocket frame: %v", user, err)
 		}
+		// The outbox list, an event's page and the inbox link onwards too.
+		_, list := b.get(t, h.base+"/outbox", "text/html")
+		_, deadList := b.get(t, h.base+"/outbox?status=dead", "text/html")
+		event := doc(t, deadList).Find(`[data-testid="row-link"]`).AttrOr("href", "")
+		if event == "" {
+			t.Fatalf("%s: no event linked from the dead list", user)
+		}
+		_, detail := b.get(t, h.base+event, "text/html")
+		_, inboxPage := b.get(t, h.base+"/inbox", "text/html")
 		hrefs := map[string]bool{}
-		for _, html := range []string{body, string(frame)} {
+		for _, html := range []string{body, string(frame), list, deadList, detail, inboxPage} {
 			doc(t, html).Find("[href]").Each(func(_ int, s *goquery.Selection) { hrefs[s.AttrOr("href", "")] = true })
+		}
+		for _, want := range []string{"/outbox?status=dead", "/outbox?status=held", "/outbox", "/inbox", event} {
+			if !hrefs[want] {
+				t.Errorf("%s: no link to %s", user, want)
+			}
 		}
 		doc(t, body).Find(`[data-testid="nav"] a`).Each(func(_ int, s *goquery.Selection) {
 			if !hrefs[s.AttrOr("href", "")] {

@@ -71,6 +71,7 @@ func (a *App) ws(c echo.Context) error {
 	conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(wsPongWait)) })
 	client := a.feed.Subscribe(hash)
 	defer a.feed.Unsubscribe(client)
+	watch := newOutboxWatch(req.URL.Query()) // an outbox page's live notice (outbox_live.go)
 
 	meta := requestMeta(c)
 	ctx, cancel := context.WithCancel(req.Context())
@@ -98,6 +99,11 @@ func (a *App) ws(c echo.Context) error {
 			_ = conn.SetWriteDeadline(time.Now().Add(wsWriteTimeout))
 			if err := conn.WriteMessage(websocket.TextMessage, msg); err != nil {
 				return nil
+			}
+			if notice := a.outboxNotice(watch); notice != nil {
+				if err := conn.WriteMessage(websocket.TextMessage, notice); err != nil {
+					return nil
+				}
 			}
 		case <-client.Done():
 			switch client.Reason() {

@@ -36,6 +36,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 		OIDCScopes: c.Scopes(), RoleRecheck: c.RoleRecheck,
 		ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout, IdleTimeout: c.IdleTimeout,
 		WSPerSession: c.WSPerSession, LoginRate: c.LoginRate, LoginPending: c.LoginPending,
+		WarnOldestPending: c.WarnOldestPending, WarnReconcileAge: c.WarnReconcileAge, WarnDead: int64(c.WarnDead),
 	}, web.Deps{Pool: pool, Logger: log})
 	if err != nil {
 		return err

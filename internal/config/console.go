@@ -32,6 +32,9 @@ type Console struct {
 	WSPerSession      int
 	LoginRate         int
 	LoginPending      int
+	WarnOldestPending time.Duration
+	WarnReconcileAge  time.Duration
+	WarnDead          int
 }
 
 // Register adds the console's flags; their defaults are the ones web.New,
@@ -57,6 +60,9 @@ func (c *Console) Register(f *Flags) {
 	f.Int(&c.WSPerSession, "ws-per-session", "CONSOLE_WS_PER_SESSION", web.DefaultWSPerSession, "open websockets allowed per session; one more is refused with 429")
 	f.Int(&c.LoginRate, "login-rate", "CONSOLE_LOGIN_RATE", web.DefaultLoginRate, "sign-in requests (/login, /auth/callback) allowed per client IP per minute")
 	f.Int(&c.LoginPending, "login-pending-max", "CONSOLE_LOGIN_PENDING_MAX", auth.DefaultMaxPendingLogins, "unexpired pending sign-ins allowed in all")
+	f.Duration(&c.WarnOldestPending, "warn-oldest-pending", "CONSOLE_WARN_OLDEST_PENDING", web.DefaultWarnOldestPending, "the dashboard flags the oldest pending event from this age")
+	f.Duration(&c.WarnReconcileAge, "warn-reconcile-age", "CONSOLE_WARN_RECONCILE_AGE", web.DefaultWarnReconcileAge, "the dashboard flags the oldest unknown payment from this age")
+	f.Int(&c.WarnDead, "warn-dead", "CONSOLE_WARN_DEAD", web.DefaultWarnDead, "the dashboard flags dead letters from this many")
 }
 
 // Scopes splits OIDC_SCOPES (spaces or commas); nil when unset.
@@ -101,6 +107,9 @@ func (c *Console) Validate() error {
 	ck.Positive("CONSOLE_WS_PER_SESSION", c.WSPerSession)
 	ck.Positive("CONSOLE_LOGIN_RATE", c.LoginRate)
 	ck.Positive("CONSOLE_LOGIN_PENDING_MAX", c.LoginPending)
+	ck.PositiveDuration("CONSOLE_WARN_OLDEST_PENDING", c.WarnOldestPending)
+	ck.PositiveDuration("CONSOLE_WARN_RECONCILE_AGE", c.WarnReconcileAge)
+	ck.Positive("CONSOLE_WARN_DEAD", c.WarnDead)
 	return ck.Err()
 }
 

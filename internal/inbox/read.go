@@ -48,3 +48,26 @@ func Stats(ctx context.Context, q db.RowQuerier) ([]ConsumerStats, error) {
 	}
 	return r.Consumers, nil
 }
+
+// DuplicateRatio is the share of deliveries that were redeliveries the
+// inbox absorbed: duplicates ÷ (processed + duplicates) (seed 002). ok is
+// false before the first delivery (no ratio, rather than 0%).
+func (s ConsumerStats) DuplicateRatio() (ratio float64, ok bool) {
+	n := s.Processed + s.Duplicates
+	if n <= 0 {
+		return 0, false
+	}
+	return float64(s.Duplicates) / float64(n), true
+}
+
+// Total sums the consumers' counts (Consumer is empty): the overall
+// duplicate ratio is Total(stats).DuplicateRatio().
+func Total(stats []ConsumerStats) ConsumerStats {
+	var t ConsumerStats
+	for _, s := range stats {
+		t.Processed += s.Processed
+		t.Duplicates += s.Duplicates
+		t.Stale += s.Stale
+	}
+	return t
+}

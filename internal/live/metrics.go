@@ -5,17 +5,19 @@ import "github.com/prometheus/client_golang/prometheus"
 // collector exports gauges read from the same snapshot the dashboard shows:
 // a scrape never runs a query of its own.
 type collector struct {
-	f                                                                        *Feed
-	backlog, oldest, dead, unknown, reconcile, stuck, discrepancies, clients *prometheus.Desc
+	f                                                                              *Feed
+	backlog, oldest, dead, held, unknown, reconcile, stuck, discrepancies, clients *prometheus.Desc
 }
 
 // Register adds the feed's gauges to reg.
 func (f *Feed) Register(reg prometheus.Registerer) error {
 	return reg.Register(&collector{
-		f:         f,
-		backlog:   prometheus.NewDesc("sluice_outbox_backlog", "Pending outbox events per topic.", []string{"topic"}, nil),
-		oldest:    prometheus.NewDesc("sluice_outbox_oldest_pending_age_seconds", "Age of the oldest pending outbox event.", nil, nil),
-		dead:      prometheus.NewDesc("sluice_outbox_dead_letter", "Dead-lettered outbox events.", nil, nil),
+		f:       f,
+		backlog: prometheus.NewDesc("sluice_outbox_backlog", "Pending outbox events per topic.", []string{"topic"}, nil),
+		oldest:  prometheus.NewDesc("sluice_outbox_oldest_pending_age_seconds", "Age of the oldest pending outbox event.", nil, nil),
+		dead:    prometheus.NewDesc("sluice_outbox_dead_letter", "Dead-lettered outbox events.", nil, nil),
+		held: prometheus.NewDesc("sluice_outbox_held",
+			"Pending outbox events held behind a dead letter of their aggregate (ordering on).", nil, nil),
 		unknown:   prometheus.NewDesc("sluice_payments_unknown", "Payments whose outcome is unknown.", nil, nil),
 		reconcile: prometheus.NewDesc("sluice_payments_reconcile_age_seconds", "Age of the oldest unknown payment.", nil, nil),
 		stuck:     prometheus.NewDesc("sluice_idempotency_stuck_processing", "Processing idempotency records whose lease expired.", nil, nil),
@@ -26,7 +28,7 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients} {
+	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients} {
 		ch <- d
 	}
 }
@@ -42,6 +44,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, s.OldestPendingAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(s.Dead))
+	ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(s.Held.Events))
 	ch <- prometheus.MustNewConstMetric(c.unknown, prometheus.GaugeValue, float64(s.Unknown))
 	ch <- prometheus.MustNewConstMetric(c.reconcile, prometheus.GaugeValue, s.ReconcileAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.stuck, prometheus.GaugeValue, float64(s.StuckProcessing))

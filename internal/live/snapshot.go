@@ -33,8 +33,9 @@ type Snapshot struct {
 	InFlight         int64
 	OldestPendingAge time.Duration
 	Dead             int64
-	Published        int64   // published since the previous snapshot
-	PublishedPerSec  float64 // Published over the time since the previous snapshot
+	Held             outbox.Held // pending events held behind a dead letter of their aggregate
+	Published        int64       // published since the previous snapshot
+	PublishedPerSec  float64     // Published over the time since the previous snapshot
 	Unknown          int64
 	ReconcileAge     time.Duration // age of the oldest unknown payment
 	StuckProcessing  int64         // idempotency records in processing whose lease expired
@@ -61,6 +62,7 @@ type snapshotReads struct {
 	backlog   outbox.BacklogRead
 	published outbox.PublishedSinceRead
 	dead      outbox.RecentDeadRead
+	held      outbox.HeldRead
 	payments  payments.HealthRead
 	inbox     inbox.ConsumersRead
 }
@@ -74,7 +76,7 @@ func newSnapshotReads(since time.Time) *snapshotReads {
 }
 
 func (r *snapshotReads) all() []db.Read {
-	return []db.Read{&r.backlog, &r.published, &r.dead, &r.payments, &r.inbox}
+	return []db.Read{&r.backlog, &r.published, &r.dead, &r.held, &r.payments, &r.inbox}
 }
 
 // SnapshotQuery is the statement ReadSnapshot runs for a previous snapshot
@@ -99,7 +101,7 @@ func ReadSnapshot(ctx context.Context, q Querier, prev time.Time) (Snapshot, err
 	b, h := r.backlog.Backlog, r.payments.Health
 	s := Snapshot{
 		At: at, Backlog: b.Topics, Pending: b.Pending, InFlight: b.InFlight, OldestPendingAge: b.OldestPendingAge,
-		Dead: b.Dead, Published: r.published.Count, Unknown: h.Unknown, ReconcileAge: h.ReconcileAge,
+		Dead: b.Dead, Held: r.held.Held, Published: r.published.Count, Unknown: h.Unknown, ReconcileAge: h.ReconcileAge,
 		StuckProcessing: h.StuckProcessing, Discrepancies: h.Discrepancies,
 		RecentDead: r.dead.Events, RecentUnknown: h.RecentUnknown, Consumers: r.inbox.Consumers,
 	}
@@ -107,4 +109,23 @@ func ReadSnapshot(ctx context.Context, q Querier, prev time.Time) (Snapshot, err
 		s.PublishedPerSec = float64(s.Published) / elapsed
 	}
 	return s, nil
+}
+
+// ReadOutbox reads the outbox's part of a snapshot on its own (backlog, dead
+// letters, the recent ones, held), with the same reads the feed composes: a
+// page reads it once when it renders, to know what "changed since this page
+// loaded" means for the live notice. The other fields stay zero.
+func ReadOutbox(ctx context.Context, q Querier) (Snapshot, error) {
+	var (
+		backlog outbox.BacklogRead
+		dead    = outbox.RecentDeadRead{Limit: recentRows}
+		held    outbox.HeldRead
+	)
+	at, err := db.ReadAll(ctx, q, &backlog, &dead, &held)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("live: outbox: %w", err)
+	}
+	b := backlog.Backlog
+	return Snapshot{At: at, Backlog: b.Topics, Pending: b.Pending, InFlight: b.InFlight, OldestPendingAge: b.OldestPendingAge,
+		Dead: b.Dead, Held: held.Held, RecentDead: dead.Events}, nil
 }

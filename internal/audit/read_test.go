@@ -1,0 +1,35 @@
+package audit_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+)
+
+func TestForTargetListsOneTargetNewestFirst(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	record(t, pool, 3) // targets "0", "1", "2"
+	record(t, pool, 2) // targets "0", "1" again
+	got, err := audit.ForTarget(context.Background(), pool, "outbox_event", "1", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Seq <= got[1].Seq {
+		t.Fatalf("want target 1's two rows, newest first: %+v", got)
+	}
+	for _, e := range got {
+		if e.Action != "outbox.retry" || e.Outcome != audit.OutcomeOK || e.ActorIss != "https://idp" || len(e.ActorRoles) != 1 ||
+			string(e.Before) != `{"a": 1, "status": "dead"}` {
+			t.Errorf("row %+v", e)
+		}
+	}
+	if got, err := audit.ForTarget(context.Background(), pool, "outbox_event", "1", 1); err != nil || len(got) != 1 {
+		t.Fatalf("limit 1: %d rows, %v", len(got), err)
+	}
+	if got, err := audit.ForTarget(context.Background(), pool, "payment", "1", 10); err != nil || len(got) != 0 {
+		t.Fatalf("another target type: %d rows, %v", len(got), err)
+	}
+}

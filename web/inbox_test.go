@@ -1,0 +1,90 @@
+package web_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/PuerkitoBio/goquery"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice/internal/inbox"
+	"github.com/sluice-dev/sluice/internal/testkit"
+	"github.com/sluice-dev/sluice/web"
+)
+
+func TestInboxPageAndDuplicateRatio(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{tick: 100 * time.Millisecond})
+	ctx := context.Background()
+	in := inbox.New(h.pool)
+	const evil = `<script>alert(1)</script>" onmouseover="alert(2)" hx-get="/logout`
+	for _, m := range []struct{ consumer, id string }{{"billing", "m1"}, {"billing", "m1"}, {"billing", "m2"}, {evil, "x"}} {
+		if _, err := in.Handle(ctx, m.consumer, m.id, func(pgx.Tx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := newBrowser(t)
+	h.login(t, b, "support", "support", "")
+	var d *goquery.Document
+	testkit.Eventually(t, "both consumers on the inbox page", func() (bool, error) {
+		_, body := b.get(t, h.base+"/inbox", "text/html")
+		d = doc(t, body)
+		return d.Find(`[data-testid="consumer-row"]`).Length() == 2, nil
+	})
+	billing := d.Find(`[data-testid="consumer-row"]`).FilterFunction(func(_ int, s *goquery.Selection) bool {
+		return s.Find(`[data-testid="consumer"]`).Text() == "billing"
+	})
+	if billing.Find(`[data-testid="processed"]`).Text() != "2" || billing.Find(`[data-testid="duplicates"]`).Text() != "1" ||
+		billing.Find(`[data-testid="ratio"]`).Text() != "33.3%" || billing.Find(`[data-testid="spark-processed"]`).Length() != 1 {
+		t.Errorf("billing row %q", billing.Text())
+	}
+	if got := d.Find(`[data-testid="total-ratio"]`).Text(); got != "25.0%" {
+		t.Errorf("overall ratio %q, want 25.0%% (1 of 4 deliveries)", got)
+	}
+	if got := d.Find(`[data-testid="retention"]`).Text(); !strings.Contains(got, "7d0h") || !strings.Contains(got, "the default") {
+		t.Errorf("retention %q", got)
+	}
+	if !strings.Contains(d.Text(), evil) {
+		t.Error("a consumer name is not shown as text")
+	}
+	html, _ := d.Html()
+	assertInert(t, "inbox", html)
+	_, body := b.get(t, h.base+"/", "text/html")
+	if got := doc(t, body).Find(`[data-testid="duplicate-ratio"]`).Text(); got != "25.0%" {
+		t.Errorf("dashboard duplicate ratio %q", got)
+	}
+}
+
+// The dead-letter tile warns from CONSOLE_WARN_DEAD, not from one; the held
+// tile counts what dead letters hold back and links to the list.
+func TestDashboardWarnsFromItsThresholds(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{tick: 100 * time.Millisecond, configure: func(c *web.Config) { c.WarnDead = 2 }})
+	plant(t, h, planted{aggID: "a", seq: 1, status: "dead"})
+	plant(t, h, planted{aggID: "a", seq: 2})
+	b := newBrowser(t)
+	h.login(t, b, "support", "support", "")
+	tile := func(id string) *goquery.Selection {
+		_, body := b.get(t, h.base+"/", "text/html")
+		return doc(t, body).Find(`[data-testid="` + id + `"]`)
+	}
+	testkit.Eventually(t, "one dead letter, one held event", func() (bool, error) {
+		return tile("dead").Text() == "1" && tile("held").Text() == "1", nil
+	})
+	if tile("dead").Closest(".tile").HasClass("warn") {
+		t.Error("one dead letter warns with CONSOLE_WARN_DEAD=2")
+	}
+	if tile("dead").AttrOr("href", "") != "/outbox?status=dead" || tile("held").AttrOr("href", "") != "/outbox?status=held" {
+		t.Error("the dead and held tiles do not open their lists")
+	}
+	plant(t, h, planted{status: "dead"})
+	testkit.Eventually(t, "two dead letters warn", func() (bool, error) {
+		s := tile("dead")
+		return s.Text() == "2" && s.Closest(".tile").HasClass("warn"), nil
+	})
+	if hint := tile("dead").Closest(".tile").Find(".hint").Text(); !strings.Contains(hint, "flagged from 2") {
+		t.Errorf("hint %q", hint)
+	}
+}

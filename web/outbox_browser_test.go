@@ -1,0 +1,113 @@
+package web_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// The outbox in a real browser: support finds a dead event by its id
+// prefix and reads its whole error; on-call retries it and dead-letters
+// another with a reason; a second support tab on the dashboard and the
+// support tab on the event's page see both changes without reloading.
+func TestBrowserOutboxFindRetryDeadLetterLive(t *testing.T) {
+	h := start(t, options{tick: 250 * time.Millisecond})
+	longErr := "publish to orders: " + strings.Repeat("nats: maximum payload exceeded; ", 12) + "END-OF-ERROR"
+	dead := plant(t, h, planted{aggID: "browser-a", status: "dead", attempts: 10, lastError: longErr})
+	pending := plant(t, h, planted{aggID: "browser-b", status: "pending", attempts: 2})
+
+	ctx, console := newChrome(t)
+	tctx, cancel := context.WithTimeout(ctx, 4*time.Minute)
+	defer cancel()
+	tab := func() context.Context {
+		c, cancel := chromedp.NewContext(tctx, chromedp.WithNewBrowserContext()) // its own cookies
+		t.Cleanup(cancel)
+		return c
+	}
+	support, watcher, oncall := tab(), tab(), tab()
+
+	// Support finds the event by the start of its id and reads its error.
+	browserLogin(support, t, h, "support")
+	if err := chromedp.Do(support,
+		chromedp.Navigate(h.base+"/outbox"),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="f-id-prefix"]`)),
+		chromedp.SendKeys(chromedp.CSS(`[data-testid="f-id-prefix"]`), dead.String()[:13]),
+		chromedp.Click(chromedp.CSS(`[data-testid="f-submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="row-link"]`)),
+	); err != nil {
+		t.Fatalf("support: search by id prefix: %v", err)
+	}
+	if got := text(support, t, `[data-testid="row-id"]`); got != dead.String() {
+		t.Fatalf("support found %q, want %s", got, dead)
+	}
+	if err := chromedp.Do(support,
+		chromedp.Click(chromedp.CSS(`[data-testid="row-link"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="last-error"]`)),
+	); err != nil {
+		t.Fatalf("support: open the event: %v", err)
+	}
+	if got := text(support, t, `[data-testid="last-error"]`); got != longErr {
+		t.Fatalf("support reads %q, want the whole error", got)
+	}
+	if n, err := chromedp.Run(support, chromedp.Evaluate[int](`document.querySelectorAll('[data-testid="actions"]').length`)); err != nil || n != 0 {
+		t.Fatalf("support sees actions (%d, %v)", n, err)
+	}
+	waitJS(support, t, "support's event page is live", `document.getElementById('conn').dataset.state === 'open'`)
+	if _, err := chromedp.Run(support, chromedp.Evaluate[bool](`window.__notReloaded = true`)); err != nil {
+		t.Fatal(err)
+	}
+
+	// A second support tab watches the dashboard.
+	browserLogin(watcher, t, h, "support")
+	waitJS(watcher, t, "the dashboard is live", `document.getElementById('conn').dataset.state === 'open'`)
+	waitJS(watcher, t, "one dead letter", `document.querySelector('[data-testid="dead"]').textContent.trim() === '1'`)
+	if _, err := chromedp.Run(watcher, chromedp.Evaluate[bool](`window.__notReloaded = true`)); err != nil {
+		t.Fatal(err)
+	}
+
+	// On-call retries the dead event and dead-letters the pending one.
+	browserLogin(oncall, t, h, "oncall")
+	if err := chromedp.Do(oncall,
+		chromedp.Navigate(h.base+"/outbox/"+dead.String()),
+		chromedp.Click(chromedp.CSS(`[data-testid="action-retry"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="notice"]`)),
+	); err != nil {
+		t.Fatalf("oncall: retry: %v", err)
+	}
+	if got := text(oncall, t, `[data-testid="event-status"]`); got != "pending" {
+		t.Errorf("after the retry the page shows %q", got)
+	}
+	const reason = "schema v3 not deployed on the consumer yet"
+	if err := chromedp.Do(oncall,
+		chromedp.Navigate(h.base+"/outbox/"+pending.String()),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="reason-dead-letter"]`)),
+		chromedp.SendKeys(chromedp.CSS(`[data-testid="reason-dead-letter"]`), reason),
+		chromedp.Click(chromedp.CSS(`[data-testid="action-dead-letter"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="dead-reason"]`)),
+	); err != nil {
+		t.Fatalf("oncall: dead-letter: %v", err)
+	}
+	if got := text(oncall, t, `[data-testid="dead-reason"]`); got != reason {
+		t.Errorf("dead reason %q", got)
+	}
+
+	// Both changes reach the open pages without a reload.
+	waitJS(watcher, t, "the dashboard lists the new dead letter, not the retried one",
+		`(function(){var l=document.querySelectorAll('[data-testid="recent-dead"] a');
+		  return l.length === 1 && l[0].getAttribute('href') === '/outbox/`+pending.String()+`'})()`)
+	waitJS(watcher, t, "one dead letter again", `document.querySelector('[data-testid="dead"]').textContent.trim() === '1'`)
+	waitJS(support, t, "the event page says the outbox changed",
+		`(function(){var n=document.querySelector('[data-testid="outbox-changes"]'); return n !== null && document.getElementById('outbox-changed').textContent.indexOf('dead letters') >= 0})()`)
+	waitJS(watcher, t, "no reload of the dashboard", `window.__notReloaded === true`)
+	waitJS(support, t, "no reload of the event page", `window.__notReloaded === true`)
+	if p := console.problems(); len(p) > 0 {
+		t.Fatalf("browser reported problems: %q", p)
+	}
+	if png, err := chromedp.Run(support, chromedp.CaptureScreenshot()); err == nil {
+		_ = os.WriteFile("/tmp/outbox-event.png", png, 0o644)
+	}
+}

@@ -1,0 +1,65 @@
+package web
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+
+	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/views"
+)
+
+// auditTargetOutbox is the audit trail's target type of an outbox event.
+const auditTargetOutbox = "outbox_event"
+
+// eventAuditRows is how many audit rows the detail page lists.
+const eventAuditRows = 50
+
+// eventID reads the {id} of an /outbox/{id} route; anything but a UUID is a
+// 400 before any query.
+func eventID(c echo.Context) (uuid.UUID, error) {
+	raw := c.Param("id")
+	id, err := uuid.Parse(raw)
+	if err != nil || len(raw) != 36 {
+		return uuid.Nil, badRequest("That is not an event id: an id is a UUID such as 0190f3a2-7c1e-7d4b-9a51-1f2e3d4c5b6a.")
+	}
+	return id, nil
+}
+
+// outboxEvent is GET /outbox/{id}.
+func (a *App) outboxEvent(c echo.Context) error {
+	id, err := eventID(c)
+	if err != nil {
+		return err
+	}
+	d, err := a.eventData(c.Request().Context(), c, id)
+	if err != nil {
+		return err
+	}
+	d.Notice = doneNotice(c.QueryParam("done"))
+	return render(c, http.StatusOK, views.EventPage(a.page(c, "Event "+id.String(), "/outbox"), d))
+}
+
+// eventData reads what the detail page shows: the event, its neighbours
+// and holds, the audit rows about it, and the outbox's mark for the live
+// notice.
+func (a *App) eventData(ctx context.Context, c echo.Context, id uuid.UUID) (views.EventData, error) {
+	e, err := outbox.Detail(ctx, a.pool, id)
+	if err != nil {
+		return views.EventData{}, err
+	}
+	entries, err := audit.ForTarget(ctx, a.pool, auditTargetOutbox, id.String(), eventAuditRows)
+	if err != nil {
+		return views.EventData{}, err
+	}
+	mark, err := live.ReadOutbox(ctx, a.pool)
+	if err != nil {
+		return views.EventData{}, err
+	}
+	return views.EventData{E: e, Audit: entries, CanAct: canAct(c),
+		Live: watchURL(mark, e.Status == outbox.StatusPending)}, nil
+}
