@@ -443,7 +443,7 @@ func Tiles(d DashboardData, oob bool) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = tile("Held behind dead letters", "held", Count(d.Snap.Held.Events), "pending events in "+Count(d.Snap.Held.Aggregates)+" aggregates, waiting for a retry or discard", d.Snap.Held.Events > 0, listHref(d, "/outbox?status=held")).Render(ctx, templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = tile("Held behind dead letters", "held", Count(d.Snap.Held.Events), "pending events in "+Count(d.Snap.Held.Aggregates)+" aggregates, waiting for a retry or discard", d.Snap.Held.Events > 0, listHref(d, "/outbox?status=held_dead")).Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

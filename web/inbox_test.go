@@ -76,7 +76,7 @@ func TestDashboardWarnsFromItsThresholds(t *testing.T) {
 	if tile("dead").Closest(".tile").HasClass("warn") {
 		t.Error("one dead letter warns with CONSOLE_WARN_DEAD=2")
 	}
-	if tile("dead").AttrOr("href", "") != "/outbox?status=dead" || tile("held").AttrOr("href", "") != "/outbox?status=held" {
+	if tile("dead").AttrOr("href", "") != "/outbox?status=dead" || tile("held").AttrOr("href", "") != "/outbox?status=held_dead" {
 		t.Error("the dead and held tiles do not open their lists")
 	}
 	plant(t, h, planted{status: "dead"})

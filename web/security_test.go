@@ -122,7 +122,7 @@ func TestEveryLinkOnTheDashboardLeadsSomewhere(t *testing.T) {
 		for _, html := range []string{body, string(frame), list, deadList, detail, inboxPage} {
 			doc(t, html).Find("[href]").Each(func(_ int, s *goquery.Selection) { hrefs[s.AttrOr("href", "")] = true })
 		}
-		for _, want := range []string{"/outbox?status=dead", "/outbox?status=held", "/outbox", "/inbox", event} {
+		for _, want := range []string{"/outbox?status=dead", "/outbox?status=held_dead", "/outbox", "/inbox", event} {
 			if !hrefs[want] {
 				t.Errorf("%s: no link to %s", user, want)
 			}

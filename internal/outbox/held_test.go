@@ -121,6 +121,14 @@ func TestPoisonHoldsOnlyItsAggregate(t *testing.T) {
 	if want := []uuid.UUID{byKey["h-0#3"].ID, byKey["h-1#3"].ID, byKey["h-0#4"].ID, byKey["h-1#4"].ID}; !slices.Equal(heldIDs, want) {
 		t.Fatalf("held list %v, want %v", heldIDs, want)
 	}
+	// The dashboard's number and the list its tile opens are one definition.
+	total, err := outbox.Count(ctx, pool, outbox.Filter{Status: outbox.FilterHeldDead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total.N != held.Events || total.Estimate {
+		t.Fatalf("held_dead list counts %+v, the held tile %d", total, held.Events)
+	}
 	d, err := outbox.Detail(ctx, pool, byKey["h-0#4"].ID)
 	if err != nil {
 		t.Fatal(err)

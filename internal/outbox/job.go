@@ -109,7 +109,7 @@ func kindAction(kind string) (action, error) {
 func jobWhere(a action, f Filter, args pgx.NamedArgs) (string, error) {
 	switch {
 	case f.Status == "" || f.Status == a.from:
-	case a.from == StatusPending && f.Status == FilterHeld:
+	case a.from == StatusPending && (f.Status == FilterHeld || f.Status == FilterHeldDead):
 	default:
 		return "", fmt.Errorf("%w: %s applies to %s events; the filter asks for %s", ErrInvalidFilter, a.name, a.from, f.Status)
 	}

@@ -20,10 +20,13 @@ import (
 
 // Status filter words beyond the stored status words: a pending event under
 // a live lease is in flight; a pending event behind an unfinished (pending
-// or dead) earlier event of its aggregate is held.
+// or dead) earlier event of its aggregate is held; held behind a dead
+// letter is the part of those that waits for an operator, the number
+// HeldRead counts and the dashboard's tile shows.
 const (
 	FilterInFlight = "in_flight"
 	FilterHeld     = "held"
+	FilterHeldDead = "held_dead"
 )
 
 // ErrInvalidFilter reports a filter the list cannot run (or cannot run
@@ -88,9 +91,18 @@ func statusCond(status string) (string, error) {
 		return "e.status = 'pending' AND e.locked_until > clock_timestamp()", nil
 	case FilterHeld:
 		return "e.status = 'pending' AND " + heldExpr, nil
+	case FilterHeldDead:
+		return "e.status = 'pending' AND " + heldDeadExpr, nil
 	}
-	return "", fmt.Errorf("%w: status %q is not one of pending, in_flight, held, dead, discarded, published", ErrInvalidFilter, status)
+	return "", fmt.Errorf("%w: status %q is not one of pending, in_flight, held, held_dead, dead, discarded, published", ErrInvalidFilter, status)
 }
+
+// heldDeadExpr: an earlier dead event of e's aggregate exists (one probe of
+// outbox_event_pending_aggregate_idx): HeldRead's definition.
+const heldDeadExpr = `EXISTS (SELECT 1 FROM outbox_event h
+	         WHERE h.status = 'dead'
+	           AND h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
+	           AND h.aggregate_seq < e.aggregate_seq)`
 
 // heldExpr: an earlier unfinished event of e's aggregate exists (one probe of
 // outbox_event_pending_aggregate_idx).
