@@ -27,6 +27,16 @@ var (
 		"Too many sign-ins were started from your address or are in progress. Wait a minute, then try again.")
 )
 
+// shownError carries a message written for the user (what conflicted and
+// why); its status comes from the error it wraps.
+type shownError struct {
+	err error
+	msg string
+}
+
+func (e *shownError) Error() string { return e.err.Error() }
+func (e *shownError) Unwrap() error { return e.err }
+
 func statusOf(err error) int {
 	var he *echo.HTTPError
 	switch {
@@ -81,7 +91,10 @@ func (a *App) handleError(err error, c echo.Context) {
 	if !ok {
 		msg = http.StatusText(status)
 	}
+	var shown *shownError
 	switch {
+	case errors.As(err, &shown):
+		msg = shown.msg
 	case errors.Is(err, errTooManySignIns):
 		msg = errTooManySignIns.Message.(string)
 	case errors.Is(err, auth.ErrProviderUnavailable):

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/demo/devoidc"
 	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/web"
 )
 
@@ -57,6 +58,8 @@ type options struct {
 	configure func(*web.Config)
 	// groupsScopeOnly: the provider releases groups only for the groups scope.
 	groupsScopeOnly bool
+	// jobHook runs in every bulk job chunk's transaction (web.Deps.JobHook).
+	jobHook outbox.ChunkHook
 }
 
 // start runs the development provider and the real console on port 0.
@@ -103,7 +106,8 @@ func start(t *testing.T, o options) *harness {
 	if o.configure != nil {
 		o.configure(&cfg)
 	}
-	app, err := web.New(ctx, cfg, web.Deps{Pool: pool, Listener: ln, MetricsListener: mln, SnapshotQuerier: counter, Now: o.clock})
+	app, err := web.New(ctx, cfg, web.Deps{Pool: pool, Listener: ln, MetricsListener: mln, SnapshotQuerier: counter, Now: o.clock,
+		JobHook: o.jobHook})
 	if err != nil {
 		t.Fatal(err)
 	}

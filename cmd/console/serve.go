@@ -34,6 +34,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 		OIDCScopes: c.Scopes(), RoleRecheck: c.RoleRecheck,
 		ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout, IdleTimeout: c.IdleTimeout,
 		WSPerSession: c.WSPerSession, LoginRate: c.LoginRate, LoginPending: c.LoginPending,
+		BulkRecentLoginAbove: c.BulkRecentLogin, RecentLogin: c.RecentLogin,
 	}, web.Deps{Pool: pool, Logger: log})
 	if err != nil {
 		return err

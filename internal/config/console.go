@@ -32,6 +32,8 @@ type Console struct {
 	WSPerSession      int
 	LoginRate         int
 	LoginPending      int
+	BulkRecentLogin   int
+	RecentLogin       time.Duration
 }
 
 // Register adds the console's flags; their defaults are the ones web.New,
@@ -57,6 +59,8 @@ func (c *Console) Register(f *Flags) {
 	f.Int(&c.WSPerSession, "ws-per-session", "CONSOLE_WS_PER_SESSION", web.DefaultWSPerSession, "open websockets allowed per session; one more is refused with 429")
 	f.Int(&c.LoginRate, "login-rate", "CONSOLE_LOGIN_RATE", web.DefaultLoginRate, "sign-in requests (/login, /auth/callback) allowed per client IP per minute")
 	f.Int(&c.LoginPending, "login-pending-max", "CONSOLE_LOGIN_PENDING_MAX", auth.DefaultMaxPendingLogins, "unexpired pending sign-ins allowed in all")
+	f.Int(&c.BulkRecentLogin, "bulk-recent-login-above", "CONSOLE_BULK_RECENT_LOGIN_ABOVE", web.DefaultBulkRecentLogin, "a bulk action matching more events than this needs a recent sign-in (CONSOLE_RECENT_LOGIN)")
+	f.Duration(&c.RecentLogin, "recent-login", "CONSOLE_RECENT_LOGIN", web.DefaultRecentLogin, "how old a sign-in may be for actions that need a recent one; older: sign in again")
 }
 
 // Scopes splits OIDC_SCOPES (spaces or commas); nil when unset.
@@ -101,6 +105,8 @@ func (c *Console) Validate() error {
 	ck.Positive("CONSOLE_WS_PER_SESSION", c.WSPerSession)
 	ck.Positive("CONSOLE_LOGIN_RATE", c.LoginRate)
 	ck.Positive("CONSOLE_LOGIN_PENDING_MAX", c.LoginPending)
+	ck.Positive("CONSOLE_BULK_RECENT_LOGIN_ABOVE", c.BulkRecentLogin)
+	ck.PositiveDuration("CONSOLE_RECENT_LOGIN", c.RecentLogin)
 	return ck.Err()
 }
 
