@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/PuerkitoBio/goquery"
+	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
 	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5"
@@ -533,4 +535,65 @@ func (h *harness) confirmOnly(t *testing.T, b *browser, token string, form url.V
 		t.Fatalf("confirm: %d %s", resp.StatusCode, body)
 	}
 	return uuid.MustParse(m[1])
+}
+
+// In a browser: an operator fills the bulk form, runs the dry run,
+// confirms, lands on the job's page and sees its progress bar reach the
+// end over the websocket, without a reload.
+func TestBrowserBulkRetryShowsLiveProgress(t *testing.T) {
+	release := make(chan struct{})
+	var chunks atomic.Int64
+	h := start(t, options{tick: 250 * time.Millisecond, jobHook: func(ctx context.Context, _ pgx.Tx, _ outbox.Job, _ []uuid.UUID) error {
+		if chunks.Add(1) == 1 { // the job waits until the page is open
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}})
+	seedDeadEvents(t, h, "bulk", 5000)
+	ctx, console := newChrome(t)
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	browserLogin(tctx, t, h, "oncall")
+	if err := chromedp.Do(tctx,
+		chromedp.Click(chromedp.CSS(`[data-testid="nav-jobs"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="jobs-empty"]`)),
+		chromedp.Navigate(h.base+"/outbox/bulk?status=dead&topic=bulk&action=retry"),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="bulk-dry-run"]`)),
+		chromedp.Click(chromedp.CSS(`[data-testid="bulk-dry-run"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="bulk-count"]`)),
+	); err != nil {
+		t.Fatalf("dry run: %v", err)
+	}
+	if got := text(tctx, t, `[data-testid="bulk-count"]`); got != "5,000" {
+		t.Fatalf("dry run count %q", got)
+	}
+	if err := chromedp.Do(tctx,
+		chromedp.Click(chromedp.CSS(`[data-testid="bulk-confirm"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="job-progress"]`)),
+	); err != nil {
+		t.Fatalf("confirm: %v", err)
+	}
+	waitJS(tctx, t, "the job page", `/^\/jobs\/[0-9a-f-]{36}$/.test(location.pathname)`)
+	waitJS(tctx, t, "websocket open", `document.getElementById('conn').dataset.state === 'open'`)
+	if _, err := chromedp.Run(tctx, chromedp.Evaluate[bool](`window.__notReloaded = true`)); err != nil {
+		t.Fatal(err)
+	}
+	if got := text(tctx, t, `[data-testid="job-state"]`); got == "done" {
+		t.Fatalf("the job ended before its first chunk was let through")
+	}
+	close(release)
+	waitJS(tctx, t, "the bar at its end", `(function(){var p=document.querySelector('[data-testid="job-progress"]');return p.max===5000&&p.value===5000})()`)
+	waitJS(tctx, t, "the state done", `document.querySelector('[data-testid="job-state"]').textContent.trim() === 'done'`)
+	waitJS(tctx, t, "no cancel button once ended", `getComputedStyle(document.querySelector('[data-testid="job-cancel-form"]')).display === 'none'`)
+	waitJS(tctx, t, "no reload", `window.__notReloaded === true`)
+	if png, err := chromedp.Run(tctx, chromedp.CaptureScreenshot()); err == nil {
+		_ = os.WriteFile("/tmp/job.png", png, 0o644)
+	}
+	if p := console.problems(); len(p) > 0 {
+		t.Fatalf("browser reported problems: %q", p)
+	}
 }
