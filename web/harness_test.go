@@ -172,6 +172,13 @@ func (h *harness) login(t *testing.T, b *browser, user, password, next string) (
 	if next != "" {
 		u += "?next=" + url.QueryEscape(next)
 	}
+	return h.signInAt(t, b, u, user, password)
+}
+
+// signInAt opens u (a console URL that leads to the provider's login form)
+// and signs in there; it returns the final response (body read).
+func (h *harness) signInAt(t *testing.T, b *browser, u, user, password string) (*http.Response, string) {
+	t.Helper()
 	resp, body := b.get(t, u, "text/html")
 	m := formID.FindStringSubmatch(body)
 	if resp.StatusCode != 200 || m == nil {

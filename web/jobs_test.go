@@ -485,24 +485,11 @@ func TestBulkOverThresholdNeedsRecentLogin(t *testing.T) {
 
 	// Sign in again: the provider asks for the password (prompt=login) and
 	// the console comes back to the form with the filter.
-	resp, body = b.get(t, h.base+link, "text/html")
-	m := formID.FindStringSubmatch(body)
-	if resp.StatusCode != 200 || m == nil {
-		t.Fatalf("no provider login form on re-authentication: %d", resp.StatusCode)
-	}
-	req, _ := http.NewRequest(http.MethodPost, h.idp.Issuer()+"/login", strings.NewReader(url.Values{"id": {m[1]}, "username": {"oncall"}, "password": {"oncall"}}.Encode()))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Accept", "text/html")
-	resp, err := b.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp, data := h.signInAt(t, b, h.base+link, "oncall", "oncall")
 	if resp.Request.URL.Path != "/outbox/bulk" || resp.Request.URL.Query().Get("topic") != "big" {
 		t.Fatalf("re-authentication landed on %s", resp.Request.URL)
 	}
-	token = csrfField.FindStringSubmatch(string(data))[1] // a new session, a new token
+	token = csrfField.FindStringSubmatch(data)[1] // a new session, a new token
 
 	// The count grew since the dry run: a conflict, nothing created.
 	_, body = b.postForm(t, h.base+"/outbox/bulk", token, dry)

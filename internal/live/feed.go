@@ -162,26 +162,19 @@ func (f *Feed) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		case <-f.poke:
-			if wait := f.cfg.MinInterval - time.Since(last); wait > 0 {
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(wait):
-				}
-			}
-			t.Reset(f.cfg.Interval)
 		case <-wake:
-			// NOTIFY serializes commits and can come in floods: never poll
-			// more often than MinInterval.
-			if wait := f.cfg.MinInterval - time.Since(last); wait > 0 {
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(wait):
-				}
-			}
-			t.Reset(f.cfg.Interval)
 		}
+		// Whatever woke the poller (the tick, a NOTIFY, a Poke), never
+		// poll more often than MinInterval: NOTIFY serializes commits and
+		// can come in floods.
+		if wait := f.cfg.MinInterval - time.Since(last); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+		}
+		t.Reset(f.cfg.Interval)
 	}
 }
 
