@@ -26,6 +26,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/views"
 )
 
@@ -75,6 +76,11 @@ type Config struct {
 	WarnOldestPending time.Duration
 	WarnReconcileAge  time.Duration
 	WarnDead          int64
+	// A bulk action matching more than BulkRecentLoginAbove events
+	// (CONSOLE_BULK_RECENT_LOGIN_ABOVE, default 1000) needs a sign-in no
+	// older than RecentLogin (CONSOLE_RECENT_LOGIN, default 15m).
+	BulkRecentLoginAbove int
+	RecentLogin          time.Duration
 }
 
 // Defaults of Config, applied to zero fields by New; `console serve` shows
@@ -94,6 +100,8 @@ const (
 	DefaultWarnOldestPending = 5 * time.Minute
 	DefaultWarnReconcileAge  = 15 * time.Minute
 	DefaultWarnDead          = 1
+	DefaultBulkRecentLogin   = 1000
+	DefaultRecentLogin       = 15 * time.Minute
 )
 
 // Deps are the parts the console is built from.
@@ -112,6 +120,9 @@ type Deps struct {
 	OIDCHTTPClient *http.Client
 	// Now is the clock of sessions and the ID token verifier (nil: time.Now).
 	Now func() time.Time
+	// JobHook, when set, runs in every bulk job chunk's transaction after
+	// the console's own (tests pause or fail chunks with it).
+	JobHook outbox.ChunkHook
 }
 
 // App is a built console.
@@ -134,6 +145,7 @@ type App struct {
 	now      func() time.Time
 	roles    *auth.RoleCheck
 	logins   *auth.IPLimiter
+	jobs     *outbox.JobRunner
 	links    views.Links // which pages exist, so only those are linked
 
 	wsMu   sync.Mutex
@@ -193,6 +205,12 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if cfg.WarnDead <= 0 {
 		cfg.WarnDead = DefaultWarnDead
 	}
+	if cfg.BulkRecentLoginAbove <= 0 {
+		cfg.BulkRecentLoginAbove = DefaultBulkRecentLogin
+	}
+	if cfg.RecentLogin <= 0 {
+		cfg.RecentLogin = DefaultRecentLogin
+	}
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
@@ -240,6 +258,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if err := a.feed.Register(a.reg); err != nil {
 		return nil, err
 	}
+	if a.jobs, err = a.newJobRunner(deps.JobHook); err != nil {
+		return nil, err
+	}
 	a.roles = &auth.RoleCheck{RP: a.rp, Every: cfg.RoleRecheck, Now: deps.Now, Ended: func(hash string) {
 		a.feed.CloseSession(hash)
 		a.metrics.actions.WithLabelValues("auth.role_recheck", "denied").Inc()
@@ -253,6 +274,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	a.links = views.Links{
 		Outbox: a.serves("/outbox"), OutboxEvent: a.serves("/outbox/x"), Payment: a.serves("/payments/x"),
 		Payments: a.serves("/payments"), Inbox: a.serves("/inbox"), Audit: a.serves("/audit"),
+		Jobs: a.serves("/jobs"),
 	}
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(a.crossOriginDenied))
@@ -320,8 +342,9 @@ func (a *App) Run(ctx context.Context) error {
 	if mln != nil {
 		serve(mln, a.onlyKnownMethods(a.bodyDeadline(a.metricsOnly())))
 	}
-	a.wg.Add(2)
+	a.wg.Add(3)
 	go func() { defer a.wg.Done(); _ = a.feed.Run(ctx) }()
+	go func() { defer a.wg.Done(); _ = a.jobs.Run(ctx) }()
 	go func() { defer a.wg.Done(); a.purgeLoop(ctx) }()
 	a.log.Info("console listening", "addr", ln.Addr().String(), "public_url", a.cfg.PublicURL)
 	var err error

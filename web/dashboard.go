@@ -41,6 +41,9 @@ func (a *App) page(c echo.Context, title, active string) views.Page {
 			}
 		}
 	}
+	if sess.Can(auth.PermOutboxAct) && a.links.Jobs {
+		p.Nav = append(p.Nav, views.NavItem{Href: "/jobs", Label: "Jobs", Key: "j", TestID: "nav-jobs"})
+	}
 	if sess.Can(auth.PermAudit) && a.links.Audit {
 		p.Nav = append(p.Nav, views.NavItem{Href: "/audit", Label: "Audit", Key: "a", TestID: "nav-audit"})
 	}

@@ -40,6 +40,16 @@ func (e *publicError) Error() string { return e.msg }
 // badRequest is a 400 that says what is wrong.
 func badRequest(msg string) error { return &publicError{status: http.StatusBadRequest, msg: msg} }
 
+// shownError carries a message written for the user (what conflicted and
+// why); its status comes from the error it wraps.
+type shownError struct {
+	err error
+	msg string
+}
+
+func (e *shownError) Error() string { return e.err.Error() }
+func (e *shownError) Unwrap() error { return e.err }
+
 func statusOf(err error) int {
 	var (
 		he *echo.HTTPError
@@ -103,10 +113,15 @@ func (a *App) handleError(err error, c echo.Context) {
 	if !ok {
 		msg = http.StatusText(status)
 	}
-	var pe *publicError
+	var (
+		pe    *publicError
+		shown *shownError
+	)
 	switch {
 	case errors.As(err, &pe):
 		msg = pe.msg
+	case errors.As(err, &shown):
+		msg = shown.msg
 	case errors.Is(err, errTooManySignIns):
 		msg = errTooManySignIns.Message.(string)
 	case errors.Is(err, auth.ErrProviderUnavailable):

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/demo/devoidc"
 	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/web"
 )
 
@@ -57,6 +58,8 @@ type options struct {
 	configure func(*web.Config)
 	// groupsScopeOnly: the provider releases groups only for the groups scope.
 	groupsScopeOnly bool
+	// jobHook runs in every bulk job chunk's transaction (web.Deps.JobHook).
+	jobHook outbox.ChunkHook
 }
 
 // start runs the development provider and the real console on port 0.
@@ -103,7 +106,8 @@ func start(t *testing.T, o options) *harness {
 	if o.configure != nil {
 		o.configure(&cfg)
 	}
-	app, err := web.New(ctx, cfg, web.Deps{Pool: pool, Listener: ln, MetricsListener: mln, SnapshotQuerier: counter, Now: o.clock})
+	app, err := web.New(ctx, cfg, web.Deps{Pool: pool, Listener: ln, MetricsListener: mln, SnapshotQuerier: counter, Now: o.clock,
+		JobHook: o.jobHook})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,6 +172,13 @@ func (h *harness) login(t *testing.T, b *browser, user, password, next string) (
 	if next != "" {
 		u += "?next=" + url.QueryEscape(next)
 	}
+	return h.signInAt(t, b, u, user, password)
+}
+
+// signInAt opens u (a console URL that leads to the provider's login form)
+// and signs in there; it returns the final response (body read).
+func (h *harness) signInAt(t *testing.T, b *browser, u, user, password string) (*http.Response, string) {
+	t.Helper()
 	resp, body := b.get(t, u, "text/html")
 	m := formID.FindStringSubmatch(body)
 	if resp.StatusCode != 200 || m == nil {

@@ -39,5 +39,13 @@ func (a *App) renderLive(s live.Snapshot, hist []live.Snapshot) ([]live.Fragment
 		}
 		out = append(out, live.Fragment{ID: p.id, HTML: buf.Bytes()})
 	}
+	// The jobs pages: each job's state and progress bar, swapped by id.
+	for _, j := range s.Jobs {
+		var buf bytes.Buffer
+		if err := views.JobLive(j, true).Render(context.Background(), &buf); err != nil {
+			return nil, err
+		}
+		out = append(out, live.Fragment{Page: live.PageJobs, ID: views.JobLiveID(j.ID), HTML: buf.Bytes()})
+	}
 	return out, nil
 }

@@ -19,6 +19,10 @@ import (
 // maxFilterField bounds every text field of the list's filter.
 const maxFilterField = 200
 
+// The filter's field names are outbox.Filter's JSON names, shared by the
+// list's query and the bulk form, so a list's filter opens the bulk form
+// as it is.
+
 // listForm is GET /outbox's query, parsed: the filter, the page, and the
 // raw values for the form and the page's links.
 type listForm struct {
@@ -37,7 +41,7 @@ func parseListForm(q url.Values) (listForm, error) {
 	f := listForm{raw: views.OutboxFilterForm{
 		Status: q.Get("status"), Topic: q.Get("topic"), EventType: q.Get("event_type"),
 		AggregateType: q.Get("aggregate_type"), AggregateID: q.Get("aggregate_id"), IDPrefix: strings.TrimSpace(q.Get("id_prefix")),
-		ErrorText: q.Get("error"), From: q.Get("from"), To: q.Get("to"), Sort: q.Get("sort"),
+		ErrorText: q.Get("error_text"), From: q.Get("created_from"), To: q.Get("created_to"), Sort: q.Get("sort"),
 	}}
 	for name, v := range map[string]string{"topic": f.raw.Topic, "event type": f.raw.EventType, "aggregate type": f.raw.AggregateType,
 		"aggregate id": f.raw.AggregateID, "id prefix": f.raw.IDPrefix, "error text": f.raw.ErrorText, "status": f.raw.Status,

@@ -57,13 +57,13 @@ func TestOutboxListFiltersPagesAndRefusals(t *testing.T) {
 		t.Error("the form does not keep the filter")
 	}
 	for q, want := range map[string]string{
-		"?topic=payments&status=pending":                                                      other.String(),
-		"?id_prefix=" + dead.String()[:13]:                                                    dead.String(),
-		"?error=SCHEMA+V3&status=dead":                                                        dead.String(),
-		"?aggregate_type=order&aggregate_id=" + dead.String():                                 dead.String(),
-		"?event_type=payment.requested.v1":                                                    dead.String(),
-		"?topic=payments&sort=oldest":                                                         dead.String() + "," + other.String(),
-		"?topic=payments&from=" + time.Now().UTC().Add(-time.Hour).Format("2006-01-02T15:04"): other.String() + "," + dead.String(),
+		"?topic=payments&status=pending":                      other.String(),
+		"?id_prefix=" + dead.String()[:13]:                    dead.String(),
+		"?error_text=SCHEMA+V3&status=dead":                   dead.String(),
+		"?aggregate_type=order&aggregate_id=" + dead.String(): dead.String(),
+		"?event_type=payment.requested.v1":                    dead.String(),
+		"?topic=payments&sort=oldest":                         dead.String() + "," + other.String(),
+		"?topic=payments&created_from=" + time.Now().UTC().Add(-time.Hour).Format("2006-01-02T15:04"): other.String() + "," + dead.String(),
 	} {
 		if code, d := get(q); code != 200 || strings.Join(rowIDs(d), ",") != want {
 			t.Errorf("%s: %d %v, want %s", q, code, rowIDs(d), want)
@@ -114,11 +114,11 @@ func TestOutboxListFiltersPagesAndRefusals(t *testing.T) {
 		"?after=garbage": "page link",
 		"?topic=bulk&after=" + u.Query().Get("after") + "&sort=oldest": "page link",
 		"?topic=ledger&after=" + u.Query().Get("after"):                "page link",
-		"?status=bogus":   "is not one of pending",
-		"?aggregate_id=x": "aggregate id needs its aggregate type",
-		"?error=x":        "error text",
-		"?from=yesterday": "not a time",
-		"?id_prefix=xyz":  "not hex",
+		"?status=bogus":           "is not one of pending",
+		"?aggregate_id=x":         "aggregate id needs its aggregate type",
+		"?error_text=x":           "error text",
+		"?created_from=yesterday": "not a time",
+		"?id_prefix=xyz":          "not hex",
 	} {
 		code, d := get(q)
 		if code != http.StatusBadRequest || !strings.Contains(d.Find(`[data-testid="problem"]`).Text(), want) {

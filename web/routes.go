@@ -43,6 +43,12 @@ func (a *App) routes() []route {
 		{http.MethodPost, "/outbox/:id/dead-letter", api(auth.PermOutboxAct), a.handleOutboxAction(actionDeadLetter)},
 		{http.MethodPost, "/outbox/:id/discard", api(auth.PermOutboxAct), a.handleOutboxAction(actionDiscard)},
 		{http.MethodGet, "/inbox", page(auth.PermView), a.inboxPage},
+		// Bulk actions as durable jobs (bulk.go, jobs.go).
+		{http.MethodGet, "/outbox/bulk", page(auth.PermOutboxAct), a.bulkForm},
+		{http.MethodPost, "/outbox/bulk", api(auth.PermOutboxAct), a.bulk},
+		{http.MethodGet, "/jobs", page(auth.PermOutboxAct), a.jobsPage},
+		{http.MethodGet, "/jobs/:id", page(auth.PermOutboxAct), a.jobPage},
+		{http.MethodPost, "/jobs/:id/cancel", api(auth.PermOutboxAct), a.cancelJob},
 	}
 	if !a.separateMetrics() {
 		rs = append(rs, route{http.MethodGet, "/metrics", public, echo.WrapHandler(a.metricsHandler())})

@@ -43,12 +43,17 @@ func TestEachDemoUserSignsInAndSeesTheirNavigation(t *testing.T) {
 		if got := d.Find(`[data-testid="user"]`).Text(); got != user {
 			t.Errorf("%s: user %q", user, got)
 		}
-		// Only pages that exist are in the navigation: today the
-		// dashboard, the outbox and the inbox.
+		// Only pages that exist and the role may see are in the
+		// navigation: the dashboard, the outbox and the inbox, and the
+		// jobs for those who may act.
 		var nav []string
 		d.Find(`[data-testid="nav"] a`).Each(func(_ int, s *goquery.Selection) { nav = append(nav, s.AttrOr("data-testid", "")) })
-		if strings.Join(nav, ",") != "nav-dashboard,nav-outbox,nav-inbox" {
-			t.Errorf("%s: navigation %v, want the dashboard, the outbox and the inbox", user, nav)
+		want := map[string]string{"oncall": "nav-dashboard,nav-outbox,nav-inbox,nav-jobs", "admin": "nav-dashboard,nav-outbox,nav-inbox,nav-jobs"}[user]
+		if want == "" {
+			want = "nav-dashboard,nav-outbox,nav-inbox"
+		}
+		if strings.Join(nav, ",") != want {
+			t.Errorf("%s: navigation %v, want %s", user, nav, want)
 		}
 		for _, id := range []string{"nav-dashboard", "backlog", "unknown", "conn"} {
 			if d.Find(`[data-testid="`+id+`"]`).Length() != 1 {

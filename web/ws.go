@@ -42,6 +42,22 @@ func (a *App) ws(c echo.Context) error {
 		c.Response().Header().Set("Upgrade", "websocket")
 		return c.String(http.StatusUpgradeRequired, "This is the websocket endpoint of the live dashboard; open / instead.\n")
 	}
+	// A socket receives the fragments of the page that opened it; a page
+	// the role may not see is refused before the upgrade.
+	page := c.QueryParam("page")
+	switch page {
+	case live.PageDashboard:
+	case live.PageJobs:
+		if !sess.Can(auth.PermOutboxAct) {
+			if err := auth.RecordDenied(req.Context(), a.pool, sess, requestMeta(c), "GET /ws", "permission"); err != nil {
+				return err
+			}
+			a.metrics.actions.WithLabelValues("request", "denied").Inc()
+			return echo.NewHTTPError(http.StatusForbidden)
+		}
+	default:
+		return echo.NewHTTPError(http.StatusNotFound)
+	}
 	if req.Header.Get("Origin") != a.origin {
 		if err := auth.RecordDenied(req.Context(), a.pool, sess, requestMeta(c), "GET /ws", "origin"); err != nil {
 			return err
@@ -69,7 +85,7 @@ func (a *App) ws(c echo.Context) error {
 	conn.SetReadLimit(wsReadLimit)
 	_ = conn.SetReadDeadline(time.Now().Add(wsPongWait))
 	conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(wsPongWait)) })
-	client := a.feed.Subscribe(hash)
+	client := a.feed.SubscribePage(hash, page)
 	defer a.feed.Unsubscribe(client)
 	watch := newOutboxWatch(req.URL.Query()) // an outbox page's live notice (outbox_live.go)
 

@@ -37,6 +37,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 		ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout, IdleTimeout: c.IdleTimeout,
 		WSPerSession: c.WSPerSession, LoginRate: c.LoginRate, LoginPending: c.LoginPending,
 		WarnOldestPending: c.WarnOldestPending, WarnReconcileAge: c.WarnReconcileAge, WarnDead: int64(c.WarnDead),
+		BulkRecentLoginAbove: c.BulkRecentLogin, RecentLogin: c.RecentLogin,
 	}, web.Deps{Pool: pool, Logger: log})
 	if err != nil {
 		return err

@@ -35,6 +35,8 @@ type Console struct {
 	WarnOldestPending time.Duration
 	WarnReconcileAge  time.Duration
 	WarnDead          int
+	BulkRecentLogin   int
+	RecentLogin       time.Duration
 }
 
 // Register adds the console's flags; their defaults are the ones web.New,
@@ -63,6 +65,8 @@ func (c *Console) Register(f *Flags) {
 	f.Duration(&c.WarnOldestPending, "warn-oldest-pending", "CONSOLE_WARN_OLDEST_PENDING", web.DefaultWarnOldestPending, "the dashboard flags the oldest pending event from this age")
 	f.Duration(&c.WarnReconcileAge, "warn-reconcile-age", "CONSOLE_WARN_RECONCILE_AGE", web.DefaultWarnReconcileAge, "the dashboard flags the oldest unknown payment from this age")
 	f.Int(&c.WarnDead, "warn-dead", "CONSOLE_WARN_DEAD", web.DefaultWarnDead, "the dashboard flags dead letters from this many")
+	f.Int(&c.BulkRecentLogin, "bulk-recent-login-above", "CONSOLE_BULK_RECENT_LOGIN_ABOVE", web.DefaultBulkRecentLogin, "a bulk action matching more events than this needs a recent sign-in (CONSOLE_RECENT_LOGIN)")
+	f.Duration(&c.RecentLogin, "recent-login", "CONSOLE_RECENT_LOGIN", web.DefaultRecentLogin, "how old a sign-in may be for actions that need a recent one; older: sign in again")
 }
 
 // Scopes splits OIDC_SCOPES (spaces or commas); nil when unset.
@@ -110,6 +114,8 @@ func (c *Console) Validate() error {
 	ck.PositiveDuration("CONSOLE_WARN_OLDEST_PENDING", c.WarnOldestPending)
 	ck.PositiveDuration("CONSOLE_WARN_RECONCILE_AGE", c.WarnReconcileAge)
 	ck.Positive("CONSOLE_WARN_DEAD", c.WarnDead)
+	ck.Positive("CONSOLE_BULK_RECENT_LOGIN_ABOVE", c.BulkRecentLogin)
+	ck.PositiveDuration("CONSOLE_RECENT_LOGIN", c.RecentLogin)
 	return ck.Err()
 }
 

@@ -14,11 +14,20 @@ import (
 	"github.com/sluice-dev/sluice/internal/db"
 )
 
-// Fragment is one rendered piece of the dashboard, swapped by id.
+// Fragment is one rendered piece of a live page, swapped by id.
 type Fragment struct {
+	// Page is the page whose sockets receive it: PageDashboard ("") or
+	// another page's name (PageJobs). A socket subscribes to one page.
+	Page string
 	ID   string
 	HTML []byte
 }
+
+// Live pages: each socket receives its own page's fragments only.
+const (
+	PageDashboard = ""
+	PageJobs      = "jobs"
+)
 
 // RenderFunc renders the dashboard's live fragments (out-of-band swaps) for
 // the current snapshot and the history (scalar figures only, see History). The web layer provides it, with the
@@ -58,6 +67,7 @@ type Config struct {
 // Client is one subscribed browser.
 type Client struct {
 	session string
+	page    string
 	send    chan []byte
 	done    chan struct{}
 	once    sync.Once
@@ -90,15 +100,19 @@ type Feed struct {
 	queries atomic.Int64 // snapshot statements run
 	ticks   atomic.Int64
 
+	poke chan struct{} // Poke: read a snapshot soon
+
 	mu        sync.Mutex
 	latest    Snapshot
 	haveFirst bool
 	ring      []Snapshot
-	frags     map[string][]byte // last rendered HTML per fragment id
-	order     []string
+	frags     map[fragKey][]byte // last rendered HTML per page and fragment id
+	order     []fragKey          // the last render's fragments, in order
 	clients   map[*Client]struct{}
 	dropped   int64
 }
+
+type fragKey struct{ page, id string }
 
 // New builds a feed reading snapshots through q. listen (may be nil) is the
 // pool a dedicated LISTEN connection is taken from.
@@ -118,8 +132,8 @@ func New(q Querier, listen *pgxpool.Pool, cfg Config) *Feed {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Feed{q: q, listen: listen, cfg: cfg, log: cfg.Logger, frags: map[string][]byte{},
-		clients: map[*Client]struct{}{}}
+	return &Feed{q: q, listen: listen, cfg: cfg, log: cfg.Logger, frags: map[fragKey][]byte{},
+		clients: map[*Client]struct{}{}, poke: make(chan struct{}, 1)}
 }
 
 // Run polls until ctx ends, then closes every client.
@@ -147,18 +161,30 @@ func (f *Feed) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-f.poke:
 		case <-wake:
-			// NOTIFY serializes commits and can come in floods: never poll
-			// more often than MinInterval.
-			if wait := f.cfg.MinInterval - time.Since(last); wait > 0 {
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(wait):
-				}
-			}
-			t.Reset(f.cfg.Interval)
 		}
+		// Whatever woke the poller (the tick, a NOTIFY, a Poke), never
+		// poll more often than MinInterval: NOTIFY serializes commits and
+		// can come in floods.
+		if wait := f.cfg.MinInterval - time.Since(last); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+		}
+		t.Reset(f.cfg.Interval)
+	}
+}
+
+// Poke asks for a snapshot before the next tick (rate-limited like a
+// NOTIFY wake); it never blocks. The console's job runner pokes after each
+// chunk, so progress shows as it happens.
+func (f *Feed) Poke() {
+	select {
+	case f.poke <- struct{}{}:
+	default:
 	}
 }
 
@@ -179,7 +205,7 @@ func (f *Feed) Step(ctx context.Context) error {
 	// of full snapshots would hold every topic's backlog and both recent
 	// lists thousands of times, memory that grows with the number of topics.
 	point := s
-	point.Backlog, point.RecentDead, point.RecentUnknown = nil, nil, nil
+	point.Backlog, point.RecentDead, point.RecentUnknown, point.Jobs = nil, nil, nil, nil
 	f.ring = append(f.ring, point)
 	cut := 0
 	for cut < len(f.ring) && s.At.Sub(f.ring[cut].At) > f.cfg.History {
@@ -198,24 +224,40 @@ func (f *Feed) Step(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var msg bytes.Buffer
+	msgs := map[string]*bytes.Buffer{} // per page: the changed fragments
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.order = f.order[:0]
+	seen := make(map[fragKey]bool, len(frags))
 	for _, fr := range frags {
-		f.order = append(f.order, fr.ID)
-		if !bytes.Equal(f.frags[fr.ID], fr.HTML) {
-			msg.Write(fr.HTML)
-			f.frags[fr.ID] = fr.HTML
+		k := fragKey{fr.Page, fr.ID}
+		f.order = append(f.order, k)
+		seen[k] = true
+		if !bytes.Equal(f.frags[k], fr.HTML) {
+			if msgs[fr.Page] == nil {
+				msgs[fr.Page] = &bytes.Buffer{}
+			}
+			msgs[fr.Page].Write(fr.HTML)
+			f.frags[k] = fr.HTML
 		}
 	}
-	if msg.Len() == 0 {
+	// Fragments come and go (a job's progress): forget those no longer
+	// rendered, so memory follows what is shown.
+	for k := range f.frags {
+		if !seen[k] {
+			delete(f.frags, k)
+		}
+	}
+	if len(msgs) == 0 {
 		return nil
 	}
-	b := msg.Bytes()
 	for c := range f.clients {
+		msg := msgs[c.page]
+		if msg == nil {
+			continue
+		}
 		select {
-		case c.send <- b:
+		case c.send <- msg.Bytes():
 		default:
 			// A slow client is dropped, never buffered without bound; its
 			// browser reconnects and gets the full state again.
@@ -227,15 +269,23 @@ func (f *Feed) Step(ctx context.Context) error {
 	return nil
 }
 
-// Subscribe adds a client for the session with this id hash. Its first
-// message is the full current state.
+// Subscribe adds a dashboard client for the session with this id hash.
+// Its first message is the full current state.
 func (f *Feed) Subscribe(sessionHash string) *Client {
-	c := &Client{session: sessionHash, send: make(chan []byte, f.cfg.ClientBuffer), done: make(chan struct{})}
+	return f.SubscribePage(sessionHash, PageDashboard)
+}
+
+// SubscribePage adds a client of page for the session with this id hash:
+// it receives that page's fragments only, the full current state first.
+func (f *Feed) SubscribePage(sessionHash, page string) *Client {
+	c := &Client{session: sessionHash, page: page, send: make(chan []byte, f.cfg.ClientBuffer), done: make(chan struct{})}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var full bytes.Buffer
-	for _, id := range f.order {
-		full.Write(f.frags[id])
+	for _, k := range f.order {
+		if k.page == page {
+			full.Write(f.frags[k])
+		}
 	}
 	if full.Len() > 0 {
 		c.send <- full.Bytes()

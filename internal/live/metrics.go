@@ -1,12 +1,17 @@
 package live
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-dev/sluice/internal/outbox"
+)
 
 // collector exports gauges read from the same snapshot the dashboard shows:
 // a scrape never runs a query of its own.
 type collector struct {
 	f                                                                              *Feed
 	backlog, oldest, dead, held, unknown, reconcile, stuck, discrepancies, clients *prometheus.Desc
+	jobs                                                                           *prometheus.Desc
 }
 
 // Register adds the feed's gauges to reg.
@@ -24,11 +29,13 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 		clients:   prometheus.NewDesc("sluice_ws_clients", "Connected dashboard websockets.", nil, nil),
 		discrepancies: prometheus.NewDesc("sluice_payments_discrepancies",
 			"Open payment discrepancies: provider evidence contradicts our record.", nil, nil),
+		jobs: prometheus.NewDesc("sluice_console_bulk_jobs",
+			"Unfinished bulk jobs by state (pending: waiting for a runner; running: claimed).", []string{"state"}, nil),
 	})
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients} {
+	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs} {
 		ch <- d
 	}
 }
@@ -49,4 +56,17 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.reconcile, prometheus.GaugeValue, s.ReconcileAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.stuck, prometheus.GaugeValue, float64(s.StuckProcessing))
 	ch <- prometheus.MustNewConstMetric(c.discrepancies, prometheus.GaugeValue, float64(s.Discrepancies))
+	// Only the unfinished states: the snapshot reads unfinished jobs through
+	// their partial index; finished ones are history, not a current level.
+	var pending, running int
+	for _, j := range s.Jobs {
+		switch j.State {
+		case outbox.JobPending:
+			pending++
+		case outbox.JobRunning:
+			running++
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.jobs, prometheus.GaugeValue, float64(pending), outbox.JobPending)
+	ch <- prometheus.MustNewConstMetric(c.jobs, prometheus.GaugeValue, float64(running), outbox.JobRunning)
 }

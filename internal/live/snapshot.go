@@ -43,7 +43,11 @@ type Snapshot struct {
 	RecentDead       []DeadEvent
 	RecentUnknown    []UnknownPayment
 	Consumers        []inbox.ConsumerStats // per consumer: applied, duplicates absorbed, stale dropped
+	Jobs             []JobProgress         // unfinished bulk jobs and the newest few, newest first
 }
+
+// JobProgress is a bulk job's progress (internal/outbox owns it).
+type JobProgress = outbox.JobProgress
 
 // Querier is what the poller reads through (a pool; tests wrap it to count).
 type Querier interface {
@@ -52,6 +56,11 @@ type Querier interface {
 
 // recentRows is how many dead letters and unknown payments a snapshot lists.
 const recentRows = 5
+
+// recentJobs is how many of the newest bulk jobs a snapshot lists besides
+// the unfinished ones (the jobs page's top rows, and a job that has just
+// ended, in its final state).
+const recentJobs = 10
 
 // snapshotReads are the owners' parts of the one statement per tick. Every
 // part reads a partial index (pending, dead, unknown, processing,
@@ -65,6 +74,7 @@ type snapshotReads struct {
 	held      outbox.HeldRead
 	payments  payments.HealthRead
 	inbox     inbox.ConsumersRead
+	jobs      outbox.JobsRead
 }
 
 func newSnapshotReads(since time.Time) *snapshotReads {
@@ -72,11 +82,12 @@ func newSnapshotReads(since time.Time) *snapshotReads {
 		published: outbox.PublishedSinceRead{Since: since},
 		dead:      outbox.RecentDeadRead{Limit: recentRows},
 		payments:  payments.HealthRead{Recent: recentRows},
+		jobs:      outbox.JobsRead{Recent: recentJobs},
 	}
 }
 
 func (r *snapshotReads) all() []db.Read {
-	return []db.Read{&r.backlog, &r.published, &r.dead, &r.held, &r.payments, &r.inbox}
+	return []db.Read{&r.backlog, &r.published, &r.dead, &r.held, &r.payments, &r.inbox, &r.jobs}
 }
 
 // SnapshotQuery is the statement ReadSnapshot runs for a previous snapshot
@@ -104,6 +115,7 @@ func ReadSnapshot(ctx context.Context, q Querier, prev time.Time) (Snapshot, err
 		Dead: b.Dead, Held: r.held.Held, Published: r.published.Count, Unknown: h.Unknown, ReconcileAge: h.ReconcileAge,
 		StuckProcessing: h.StuckProcessing, Discrepancies: h.Discrepancies,
 		RecentDead: r.dead.Events, RecentUnknown: h.RecentUnknown, Consumers: r.inbox.Consumers,
+		Jobs: r.jobs.Jobs,
 	}
 	if elapsed := s.At.Sub(since).Seconds(); elapsed > 0 {
 		s.PublishedPerSec = float64(s.Published) / elapsed

@@ -269,6 +269,16 @@ func CancelJob(ctx context.Context, q db.Querier, id uuid.UUID) (Job, error) {
 // audit trail and the change commit together. An error rolls the chunk back.
 type ChunkHook func(ctx context.Context, tx pgx.Tx, job Job, ids []uuid.UUID) error
 
+// EndHook runs in the transaction that ends a job as done, cancelled or
+// failed (job is as that transaction leaves it): the console writes the
+// audit row that closes the job there. A job ends once (every ending is a
+// compare-and-set on its running state), so the hook runs once per job
+// ending through a runner. An error rolls the ending back: the job stays
+// running and is retried when its lease expires. Jobs that end outside a
+// runner (CreateJob matching nothing, CancelJob of a pending job) end in
+// the caller's transaction, where the caller writes that row itself.
+type EndHook func(ctx context.Context, tx pgx.Tx, job Job) error
+
 // JobRunnerConfig tunes a JobRunner. The zero value of every field is its
 // default.
 type JobRunnerConfig struct {
@@ -279,6 +289,8 @@ type JobRunnerConfig struct {
 	MaxFailures  int           // chunks failed in a row before the job fails (default 3)
 	// Hook runs in every chunk's transaction (optional).
 	Hook ChunkHook
+	// OnEnd runs in the transaction that ends a job (optional).
+	OnEnd EndHook
 	// OnProgress is called after every committed chunk and when a job ends
 	// (optional), for the console to push progress; it must not block long.
 	OnProgress func(Job)
@@ -420,7 +432,8 @@ func (r *JobRunner) progress(j Job) {
 }
 
 // release gives a job back after a failed chunk or on shutdown: runnable
-// again after delay, failed after MaxFailures chunk failures in a row.
+// again after delay, failed after MaxFailures chunk failures in a row (then
+// OnEnd runs in the same transaction).
 func (r *JobRunner) release(ctx context.Context, id, token uuid.UUID, delay time.Duration, lastErr string) {
 	failed := 0
 	if lastErr != "" {
@@ -429,7 +442,8 @@ func (r *JobRunner) release(ctx context.Context, id, token uuid.UUID, delay time
 			lastErr = lastErr[:maxErrorText]
 		}
 	}
-	j, err := scanJob(r.pool.QueryRow(ctx, `
+	j, err := db.WithTxV(ctx, r.pool, func(tx pgx.Tx) (Job, error) {
+		j, err := scanJob(tx.QueryRow(ctx, `
 		WITH t AS (SELECT coalesce(@now::timestamptz, clock_timestamp()) AS now)
 		UPDATE outbox_job j
 		   SET failures = j.failures + @failed,
@@ -442,8 +456,13 @@ func (r *JobRunner) release(ctx context.Context, id, token uuid.UUID, delay time
 		  FROM t
 		 WHERE j.id = @id AND j.lock_token = @token AND j.state = 'running'
 		RETURNING `+jobColumns,
-		pgx.NamedArgs{"now": r.nowArg(), "failed": failed, "err": lastErr, "max": r.cfg.MaxFailures,
-			"delay": delay.Microseconds(), "id": id, "token": token}))
+			pgx.NamedArgs{"now": r.nowArg(), "failed": failed, "err": lastErr, "max": r.cfg.MaxFailures,
+				"delay": delay.Microseconds(), "id": id, "token": token}))
+		if err == nil && j.State == JobFailed && r.cfg.OnEnd != nil {
+			err = r.cfg.OnEnd(ctx, tx, j)
+		}
+		return j, err
+	})
 	if err != nil {
 		if !errors.Is(err, pgx.ErrNoRows) {
 			r.log.Warn("outbox: release job", "job", id, "err", err)
@@ -479,10 +498,10 @@ func (r *JobRunner) chunk(ctx context.Context, id, token uuid.UUID) (Job, error)
 			return Job{}, fmt.Errorf("outbox: job %s: unreadable filter: %w", id, err)
 		}
 		if job.CancelRequested {
-			return finishJob(ctx, tx, id, JobCancelled, nil, 0, 0)
+			return r.finish(ctx, tx, id, JobCancelled, nil, 0, 0)
 		}
 		if upto == nil { // nothing matched at creation
-			return finishJob(ctx, tx, id, JobDone, nil, 0, 0)
+			return r.finish(ctx, tx, id, JobDone, nil, 0, 0)
 		}
 		a, err := kindAction(job.Kind)
 		if err != nil {
@@ -510,7 +529,7 @@ func (r *JobRunner) chunk(ctx context.Context, id, token uuid.UUID) (Job, error)
 			return Job{}, fmt.Errorf("outbox: job %s: select chunk: %w", id, err)
 		}
 		if len(walked) == 0 {
-			return finishJob(ctx, tx, id, JobDone, cursor, 0, 0)
+			return r.finish(ctx, tx, id, JobDone, cursor, 0, 0)
 		}
 		rows, err = tx.Query(ctx, `UPDATE outbox_event SET `+a.set+` WHERE id = ANY(@ids) AND `+a.where()+` RETURNING id`,
 			pgx.NamedArgs{"ids": walked, "from": a.from, "reason": job.Reason})
@@ -528,7 +547,7 @@ func (r *JobRunner) chunk(ctx context.Context, id, token uuid.UUID) (Job, error)
 		}
 		last := walked[len(walked)-1]
 		if len(walked) < job.ChunkSize || last == *upto {
-			return finishJob(ctx, tx, id, JobDone, &last, len(changed), len(walked)-len(changed))
+			return r.finish(ctx, tx, id, JobDone, &last, len(changed), len(walked)-len(changed))
 		}
 		return scanJob(tx.QueryRow(ctx, `
 			UPDATE outbox_job
@@ -540,6 +559,17 @@ func (r *JobRunner) chunk(ctx context.Context, id, token uuid.UUID) (Job, error)
 			pgx.NamedArgs{"cursor": last, "done": len(changed), "skipped": len(walked) - len(changed),
 				"now": r.nowArg(), "lease": r.cfg.Lease.Microseconds(), "id": id}))
 	})
+}
+
+// finish ends a job in the chunk's transaction, with OnEnd.
+func (r *JobRunner) finish(ctx context.Context, tx pgx.Tx, id uuid.UUID, state string, cursor *uuid.UUID, done, skipped int) (Job, error) {
+	j, err := finishJob(ctx, tx, id, state, cursor, done, skipped)
+	if err == nil && r.cfg.OnEnd != nil {
+		if err = r.cfg.OnEnd(ctx, tx, j); err != nil {
+			err = fmt.Errorf("outbox: job %s: end hook: %w", id, err)
+		}
+	}
+	return j, err
 }
 
 // finishJob ends a job in the chunk's transaction.

@@ -1,0 +1,193 @@
+package web
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/views"
+)
+
+// Audit actions of a bulk job: one row opens it (bulk.go), one per chunk,
+// one closes it; a cancel request has its own.
+const (
+	actionBulkCreate = "outbox.bulk.create"
+	actionBulkChunk  = "outbox.bulk.chunk"
+	actionBulkCancel = "outbox.bulk.cancel"
+	actionBulkEnd    = "outbox.bulk." // + done, cancelled or failed
+	jobTarget        = "outbox_job"
+	// runnerActor names the console's job runner in the audit trail: the
+	// person who asked is in the row that opened the job.
+	runnerActor = "console job runner"
+)
+
+// newJobRunner builds the console's bulk job runner. Every console replica
+// runs one; the job lease keeps two from working one job at once.
+func (a *App) newJobRunner(extra outbox.ChunkHook) (*outbox.JobRunner, error) {
+	hook := auditChunk
+	if extra != nil {
+		hook = func(ctx context.Context, tx pgx.Tx, j outbox.Job, ids []uuid.UUID) error {
+			if err := auditChunk(ctx, tx, j, ids); err != nil {
+				return err
+			}
+			return extra(ctx, tx, j, ids)
+		}
+	}
+	return outbox.NewJobRunner(a.pool, outbox.JobRunnerConfig{
+		Hook:  hook,
+		OnEnd: auditJobEnd,
+		// Progress shows on the jobs pages at the next snapshot; poke the
+		// feed so that is now rather than at the next tick.
+		OnProgress: func(outbox.Job) { a.feed.Poke() },
+	}, a.log)
+}
+
+// auditChunk writes a chunk's audit row in the chunk's transaction: the
+// events it changed, so the chunk rows of a job add up to exactly what
+// the job did.
+func auditChunk(ctx context.Context, tx pgx.Tx, j outbox.Job, ids []uuid.UUID) error {
+	after, err := json.Marshal(map[string]any{"kind": j.Kind, "count": len(ids), "ids": ids})
+	if err != nil {
+		return err
+	}
+	return audit.Record(ctx, tx, audit.Event{
+		ActorName: runnerActor, Action: actionBulkChunk, TargetType: jobTarget, TargetID: j.ID.String(),
+		After: after, Reason: j.Reason, Outcome: audit.OutcomeOK,
+	})
+}
+
+// auditJobEnd writes the row that closes a job, in the transaction that
+// ends it (so a job closes once).
+func auditJobEnd(ctx context.Context, tx pgx.Tx, j outbox.Job) error {
+	after, err := json.Marshal(map[string]any{"kind": j.Kind, "state": j.State, "matched": j.Matched,
+		"done": j.Done, "skipped": j.Skipped})
+	if err != nil {
+		return err
+	}
+	ev := audit.Event{
+		ActorName: runnerActor, Action: actionBulkEnd + j.State, TargetType: jobTarget, TargetID: j.ID.String(),
+		After: after, Reason: j.Reason, Outcome: audit.OutcomeOK,
+	}
+	if j.State == outbox.JobFailed {
+		ev.Outcome, ev.ErrorCode = audit.OutcomeError, "chunk_failed"
+	}
+	return audit.Record(ctx, tx, ev)
+}
+
+// jobsShown is how many jobs the list shows.
+const jobsShown = 50
+
+func (a *App) jobsPage(c echo.Context) error {
+	jobs, err := outbox.ListJobs(c.Request().Context(), a.pool, jobsShown)
+	if err != nil {
+		return err
+	}
+	return render(c, http.StatusOK, views.Jobs(a.page(c, "Jobs", "/jobs"), views.JobsData{Jobs: jobs}))
+}
+
+// jobID parses the route's job id; a malformed one is a page that does not
+// exist.
+func jobID(c echo.Context) (uuid.UUID, error) {
+	id, err := uuid.Parse(c.Param("id"))
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("%w: job id", ErrNotFound)
+	}
+	return id, nil
+}
+
+func (a *App) jobPage(c echo.Context) error {
+	id, err := jobID(c)
+	if err != nil {
+		return err
+	}
+	j, err := outbox.GetJob(c.Request().Context(), a.pool, id)
+	if err != nil {
+		return jobError(err)
+	}
+	d := views.JobData{Job: j, Cancellable: !j.Finished() && auth.SessionFrom(c).Can(auth.PermOutboxAct)}
+	return render(c, http.StatusOK, views.Job(a.page(c, "Job", "/jobs"), d))
+}
+
+// cancelJob asks a job to stop before its next chunk: compare-and-set on
+// its unfinished state, audited with the request in one transaction. A
+// pending job ends at once, so its closing row is written there too.
+func (a *App) cancelJob(c echo.Context) error {
+	id, err := jobID(c)
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	sess := auth.SessionFrom(c)
+	var j outbox.Job
+	err = db.WithTx(ctx, a.pool, func(tx pgx.Tx) error {
+		var err error
+		if j, err = outbox.CancelJob(ctx, tx, id); err != nil {
+			return err
+		}
+		ev := a.actorEvent(c, sess, actionBulkCancel, jobTarget, id.String())
+		ev.After, _ = json.Marshal(map[string]any{"state": j.State, "done": j.Done, "matched": j.Matched})
+		if err := audit.Record(ctx, tx, ev); err != nil {
+			return err
+		}
+		if j.State == outbox.JobCancelled {
+			return auditJobEnd(ctx, tx, j)
+		}
+		return nil
+	})
+	if errors.Is(err, outbox.ErrJobFinished) {
+		if aerr := a.auditFailed(c, sess, actionBulkCancel, id.String(), "job_finished"); aerr != nil {
+			return aerr
+		}
+		a.metrics.actions.WithLabelValues(actionBulkCancel, "conflict").Inc()
+		return &shownError{err: fmt.Errorf("%w: %w", ErrConflict, err),
+			msg: "This job has already ended (" + j.State + "); there is nothing to cancel."}
+	}
+	if err != nil {
+		return jobError(err)
+	}
+	a.metrics.actions.WithLabelValues(actionBulkCancel, audit.OutcomeOK).Inc()
+	a.feed.Poke()
+	return c.Redirect(http.StatusSeeOther, "/jobs/"+id.String())
+}
+
+// jobError puts the outbox's job errors into the console's taxonomy.
+func jobError(err error) error {
+	switch {
+	case errors.Is(err, outbox.ErrJobNotFound):
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	case errors.Is(err, outbox.ErrJobFinished), errors.Is(err, outbox.ErrConflict):
+		return fmt.Errorf("%w: %w", ErrConflict, err)
+	case errors.Is(err, outbox.ErrInvalidFilter), errors.Is(err, outbox.ErrInvalidAction):
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return err
+}
+
+// auditFailed records a failed attempt (a conflict) in its own
+// transaction: the attempt's own transaction rolled back.
+func (a *App) auditFailed(c echo.Context, sess *auth.Session, action, jobID, code string) error {
+	ev := a.actorEvent(c, sess, action, jobTarget, jobID)
+	ev.Outcome, ev.ErrorCode = audit.OutcomeError, code
+	ctx := context.WithoutCancel(c.Request().Context())
+	return db.WithTx(ctx, a.pool, func(tx pgx.Tx) error { return audit.Record(ctx, tx, ev) })
+}
+
+// actorEvent is an audit event of the signed-in user's request.
+func (a *App) actorEvent(c echo.Context, sess *auth.Session, action, targetType, targetID string) audit.Event {
+	meta := requestMeta(c)
+	return audit.Event{
+		ActorIss: sess.Issuer, ActorSub: sess.Subject, ActorName: sess.Name, ActorRoles: sess.RoleNames(),
+		SessionHash: sess.HashHex(), IP: meta.IP, UserAgent: meta.UserAgent, RequestID: meta.RequestID,
+		Action: action, TargetType: targetType, TargetID: targetID, Outcome: audit.OutcomeOK,
+	}
+}
