@@ -11,13 +11,21 @@ import (
 )
 
 // inboxPage is GET /inbox: per consumer, what the live snapshot counts
-// (inbox.ConsumersRead), with sparklines over the snapshot history. The
-// retention shown is inbox.DefaultRetention: the console is not told
-// INBOX_RETENTION, and the page says so. Pruning records nothing, so the
-// page claims no "last pruned" time.
+// (inbox.ConsumersRead), with sparklines over the snapshot history, and the
+// last pruning pass with the retention it used (the console is not told
+// INBOX_RETENTION; before any pass the page states the default and says so).
 func (a *App) inboxPage(c echo.Context) error {
 	s, ok := a.feed.Latest()
-	return render(c, http.StatusOK, views.Inbox(a.page(c, "Inbox", "/inbox"), inboxData(s, ok, a.feed.History())))
+	d := inboxData(s, ok, a.feed.History())
+	run, pruned, err := inbox.LastPrune(c.Request().Context(), a.pool)
+	if err != nil {
+		return err
+	}
+	if pruned {
+		d.Retention, d.RetentionDefault = views.Age(run.Retention), false
+		d.LastPruned, d.PrunedRows = run.At.UTC().Format("2006-01-02 15:04:05"), run.Deleted
+	}
+	return render(c, http.StatusOK, views.Inbox(a.page(c, "Inbox", "/inbox"), d))
 }
 
 func inboxData(s live.Snapshot, ok bool, hist []live.Snapshot) views.InboxData {

@@ -44,14 +44,29 @@ func TestInboxPageAndDuplicateRatio(t *testing.T) {
 		t.Errorf("overall ratio %q, want 25.0%% (1 of 4 deliveries)", got)
 	}
 	if got := d.Find(`[data-testid="retention"]`).Text(); !strings.Contains(got, "7d0h") || !strings.Contains(got, "the default") {
-		t.Errorf("retention %q", got)
+		t.Errorf("retention before any pruning pass %q", got)
+	}
+	if got := d.Find(`[data-testid="last-pruned"]`).Text(); !strings.Contains(got, "Never pruned") {
+		t.Errorf("last pruned before any pass %q", got)
+	}
+	// A pruning pass with another retention: the page states that one.
+	if _, err := inbox.Prune(ctx, h.pool, 36*time.Hour, 100, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	_, body := b.get(t, h.base+"/inbox", "text/html")
+	pd := doc(t, body)
+	if got := pd.Find(`[data-testid="retention"]`).Text(); !strings.Contains(got, "1d12h") || strings.Contains(got, "the default") {
+		t.Errorf("retention after a 36h pass %q", got)
+	}
+	if got := pd.Find(`[data-testid="last-pruned"]`).Text(); !strings.Contains(got, "Last pruned at") || !strings.Contains(got, "0 message ids deleted") {
+		t.Errorf("last pruned after a pass %q", got)
 	}
 	if !strings.Contains(d.Text(), evil) {
 		t.Error("a consumer name is not shown as text")
 	}
 	html, _ := d.Html()
 	assertInert(t, "inbox", html)
-	_, body := b.get(t, h.base+"/", "text/html")
+	_, body = b.get(t, h.base+"/", "text/html")
 	if got := doc(t, body).Find(`[data-testid="duplicate-ratio"]`).Text(); got != "25.0%" {
 		t.Errorf("dashboard duplicate ratio %q", got)
 	}
