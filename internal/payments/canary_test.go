@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-dev/sluice/internal/payments/provider"
+	"github.com/sluice-dev/sluice/internal/pii"
 	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
@@ -129,7 +131,7 @@ func TestPIICanaryNeverLeaks(t *testing.T) {
 		SELECT concat_ws(E'\n',
 		  (SELECT string_agg(concat_ws(' ', event_type, payload::text, headers::text, last_error), E'\n') FROM outbox_event),
 		  (SELECT string_agg(concat_ws(' ', request_hash, response_body::text), E'\n') FROM idempotency_record),
-		  (SELECT string_agg((to_jsonb(p) - 'customer' - 'customer_email_bidx')::text || ' ' || encode(coalesce(customer_email_bidx, ''), 'escape'), E'\n') FROM payment p),
+		  (SELECT string_agg((to_jsonb(p) - 'customer' - 'customer_email_bidx' - 'customer_tax_id_bidx')::text || ' ' || encode(coalesce(customer_email_bidx, ''), 'escape') || ' ' || encode(coalesce(customer_tax_id_bidx, ''), 'escape'), E'\n') FROM payment p),
 		  (SELECT string_agg(customer::text, E'\n') FROM payment),
 		  (SELECT string_agg(to_jsonb(l)::text, E'\n') FROM ledger_entry l))`).Scan(&dump); err != nil {
 		t.Fatal(err)
@@ -140,9 +142,29 @@ func TestPIICanaryNeverLeaks(t *testing.T) {
 	if found := leaks(dump); len(found) > 0 {
 		t.Errorf("the database carries the canary in clear %q:\n%s", found, dump)
 	}
-	// The envelopes are the real data, not a placeholder.
+	// The envelopes are the real data, not a placeholder: the payment's,
+	// bound to the payment, and the requested event's, bound to the event.
 	p := e.payment(opOf(t, unknown))
-	if got, err := e.kr.Decrypt("email", p.Customer["email"]); err != nil || got != canaryEmail {
+	if got, err := e.kr.Open(CustomerPlace(p.OperationID), "email", p.Customer["email"]); err != nil || got != canaryEmail {
 		t.Fatalf("the stored email envelope opens to %q (%v)", got, err)
+	}
+	var evID uuid.UUID
+	var payload []byte
+	if err := e.pool.QueryRow(ctx, `SELECT id, payload FROM outbox_event WHERE aggregate_id = $1 AND event_type = $2`,
+		p.OperationID.String(), EventRequested).Scan(&evID, &payload); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{"customer.name": canaryName, "customer.email": canaryEmail, "customer.tax_id": canaryTaxID} {
+		got, err := pii.OpenPayloadField(e.kr, EventRequested, evID.String(), payload, path)
+		if err != nil || string(got) != `"`+want+`"` {
+			t.Fatalf("the event's %s opens to %s (%v)", path, got, err)
+		}
+	}
+	var created int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM payment`).Scan(&created); err != nil || created < 4 {
+		t.Fatalf("payments created: %d %v", created, err)
+	}
+	if found := search(t, e, pii.FieldTaxID, " 987-654 321 09 "); len(found) != created {
+		t.Fatalf("search by the canary's tax id found %d payments, want the %d created", len(found), created)
 	}
 }

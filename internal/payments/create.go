@@ -187,11 +187,11 @@ func (s *Service) own(ctx context.Context, rec Record, lease time.Time, req Requ
 			return Response{}, fmt.Errorf("payments: after ownership: %w", err)
 		}
 	}
-	customer, bidx, err := s.encryptCustomer(req.Customer)
+	sealed, err := s.sealCustomer(rec.OperationID, req.Customer)
 	if err != nil {
 		return Response{}, fmt.Errorf("payments: encrypt customer: %w", err)
 	}
-	p, lease, err := s.reserve(ctx, rec, lease, req, customer, bidx)
+	p, lease, err := s.reserve(ctx, rec, lease, req, sealed)
 	var rej *rejection
 	switch {
 	case errors.As(err, &rej):
@@ -248,19 +248,32 @@ func outcomeOfCharge(res provider.Result, err error) (Status, details) {
 	return StatusUnknown, details{}
 }
 
-func (s *Service) encryptCustomer(c Customer) (map[string]string, []byte, error) {
-	out := map[string]string{}
+// sealedCustomer is what the payment row stores of its customer: the
+// fields sealed for this payment (pii envelope v2, place payment/<op>), and
+// the blind indexes a search looks them up by.
+type sealedCustomer struct {
+	fields               map[string]string
+	emailBidx, taxIDBidx []byte
+	clear                Customer // for the payment.requested.v1 event, sealed again for it
+}
+
+func (s *Service) sealCustomer(op uuid.UUID, c Customer) (sealedCustomer, error) {
+	out := sealedCustomer{fields: map[string]string{}, clear: c}
 	for field, v := range map[string]string{pii.FieldName: c.Name, pii.FieldEmail: c.Email, pii.FieldTaxID: c.TaxID} {
 		if v == "" {
 			continue
 		}
-		env, err := s.kr.Encrypt(field, v)
+		env, err := s.kr.Seal(CustomerPlace(op), field, v)
 		if err != nil {
-			return nil, nil, fmt.Errorf("payments: encrypt %s: %w", field, err)
+			return sealedCustomer{}, fmt.Errorf("payments: encrypt %s: %w", field, err)
 		}
-		out[field] = env
+		out.fields[field] = env
 	}
-	return out, s.kr.BlindIndex(pii.FieldEmail, c.Email), nil
+	out.emailBidx = s.kr.BlindIndex(pii.FieldEmail, c.Email)
+	if pii.Normalize(pii.FieldTaxID, c.TaxID) != "" {
+		out.taxIDBidx = s.kr.BlindIndex(pii.FieldTaxID, c.TaxID)
+	}
+	return out, nil
 }
 
 // reserve is the second transaction: it re-checks and extends the lease (a
@@ -273,9 +286,9 @@ func (s *Service) encryptCustomer(c Customer) (map[string]string, []byte, error)
 // transaction rolls back, and it answers with the attempt that holds the
 // invoice; when that attempt has failed meanwhile, the loser tries again as
 // the next attempt.
-func (s *Service) reserve(ctx context.Context, rec Record, lease time.Time, req Request, customer map[string]string, bidx []byte) (Payment, time.Time, error) {
+func (s *Service) reserve(ctx context.Context, rec Record, lease time.Time, req Request, customer sealedCustomer) (Payment, time.Time, error) {
 	for try := 0; ; try++ {
-		p, newLease, err := s.reserveOnce(ctx, rec, lease, req, customer, bidx)
+		p, newLease, err := s.reserveOnce(ctx, rec, lease, req, customer)
 		if !errors.Is(err, errInvoiceTaken) {
 			return p, newLease, err
 		}
@@ -291,7 +304,7 @@ func (s *Service) reserve(ctx context.Context, rec Record, lease time.Time, req 
 	}
 }
 
-func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, req Request, customer map[string]string, bidx []byte) (Payment, time.Time, error) {
+func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, req Request, customer sealedCustomer) (Payment, time.Time, error) {
 	var p Payment
 	newLease := lease
 	err := db.WithTx(ctx, s.pool, func(tx pgx.Tx) error {
@@ -324,18 +337,18 @@ func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, 
 		if currency != req.Currency {
 			return &rejection{status: 422, code: CodeCurrencyMismatch, message: "the account is kept in another currency", outcome: "rejected"}
 		}
-		custJSON, err := json.Marshal(customer)
+		custJSON, err := json.Marshal(customer.fields)
 		if err != nil {
 			return fmt.Errorf("payments: encode customer: %w", err)
 		}
 		p, err = scanPayment(tx.QueryRow(ctx, `
-			INSERT INTO payment (operation_id, merchant_id, invoice_id, payment_type, attempt, account_id, amount, currency, customer, customer_email_bidx, status, created_at, updated_at)
+			INSERT INTO payment (operation_id, merchant_id, invoice_id, payment_type, attempt, account_id, amount, currency, customer, customer_email_bidx, customer_tax_id_bidx, status, created_at, updated_at)
 			VALUES (@op, @merchant, @invoice, @type,
 				(SELECT coalesce(max(attempt), 0) + 1 FROM payment WHERE merchant_id = @merchant AND invoice_id = @invoice AND payment_type = @type),
-				@account, @amount::numeric, @currency, @customer, @bidx, 'processing', @now, @now)
+				@account, @amount::numeric, @currency, @customer, @email_bidx, @tax_id_bidx, 'processing', @now, @now)
 			RETURNING `+paymentCols, pgx.NamedArgs{
 			"op": rec.OperationID, "merchant": rec.MerchantID, "invoice": req.InvoiceID, "type": PaymentTypeCharge,
-			"account": req.AccountID, "amount": req.Amount.StringFixed(2), "currency": req.Currency, "customer": custJSON, "bidx": bidx, "now": now,
+			"account": req.AccountID, "amount": req.Amount.StringFixed(2), "currency": req.Currency, "customer": custJSON, "email_bidx": customer.emailBidx, "tax_id_bidx": customer.taxIDBidx, "now": now,
 		}))
 		if db.Code(err) == db.CodeUniqueViolation {
 			switch db.Constraint(err) {
@@ -358,7 +371,7 @@ func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, 
 			VALUES ($1, $2, $3::numeric, 'active', $4, $4)`, rec.OperationID, req.AccountID, req.Amount.StringFixed(2), now); err != nil {
 			return fmt.Errorf("payments: insert reservation: %w", err)
 		}
-		return insertEvent(ctx, tx, s.cfg.Topic, EventRequested, p, now, true)
+		return insertEvent(ctx, tx, s.kr, s.cfg.Topic, EventRequested, p, now, &customer.clear)
 	})
 	if err != nil {
 		// Rolled back: the lease in the database is still the old one.
@@ -426,8 +439,9 @@ func (s *Service) finishRejected(ctx context.Context, op uuid.UUID, lease time.T
 	return rec, nil
 }
 
-// eventPayload is the JSON of payment.* events. Customer data travels
-// encrypted (pii envelopes), never in clear.
+// eventPayload is the JSON of payment.* events. Its fields are declared in
+// internal/pii/schema.go; the customer travels sealed for the event
+// (pii.SealPayload), never in clear.
 type eventPayload struct {
 	OperationID string            `json:"operation_id"`
 	MerchantID  string            `json:"merchant_id"`
@@ -444,18 +458,34 @@ type eventPayload struct {
 	OccurredAt  time.Time         `json:"occurred_at"`
 }
 
-func insertEvent(ctx context.Context, tx pgx.Tx, topic, eventType string, p Payment, now time.Time, withCustomer bool) error {
+// insertEvent writes a payment.* event. customer (in clear) is carried only
+// by payment.requested.v1; it is sealed for this event's id, so kr may be
+// nil when customer is.
+func insertEvent(ctx context.Context, tx pgx.Tx, kr *pii.Keyring, topic, eventType string, p Payment, now time.Time, customer *Customer) error {
 	ev := eventPayload{OperationID: p.OperationID.String(), MerchantID: p.MerchantID, InvoiceID: p.InvoiceID, Attempt: p.Attempt, AccountID: p.AccountID,
 		Amount: p.Amount.StringFixed(2), Currency: p.Currency, Status: p.Status, ProviderRef: p.ProviderRef, FailureCode: p.FailureCode,
 		ResolvedBy: p.ResolvedBy, OccurredAt: now}
-	if withCustomer {
-		ev.Customer = p.Customer
+	if customer != nil {
+		ev.Customer = map[string]string{}
+		for field, v := range map[string]string{pii.FieldName: customer.Name, pii.FieldEmail: customer.Email, pii.FieldTaxID: customer.TaxID} {
+			if v != "" {
+				ev.Customer[field] = v
+			}
+		}
 	}
 	payload, err := json.Marshal(ev)
 	if err != nil {
 		return fmt.Errorf("payments: encode %s: %w", eventType, err)
 	}
-	if _, err := outbox.Insert(ctx, tx, outbox.Event{AggregateType: AggregateType, AggregateID: p.OperationID.String(), Topic: topic, EventType: eventType, Payload: payload}); err != nil {
+	// The id is made here, not by Insert: the sealed fields are bound to it.
+	id, err := uuid.NewV7()
+	if err != nil {
+		return fmt.Errorf("payments: event id: %w", err)
+	}
+	if payload, err = pii.SealPayload(kr, eventType, id.String(), payload); err != nil {
+		return fmt.Errorf("payments: seal %s: %w", eventType, err)
+	}
+	if _, err := outbox.Insert(ctx, tx, outbox.Event{ID: id, AggregateType: AggregateType, AggregateID: p.OperationID.String(), Topic: topic, EventType: eventType, Payload: payload}); err != nil {
 		return fmt.Errorf("payments: write %s: %w", eventType, err)
 	}
 	return nil

@@ -41,6 +41,7 @@ type envOpts struct {
 	providerTimeout time.Duration
 	sim             provider.SimConfig
 	log             *slog.Logger // the service's logger (nil: discarded)
+	kr              *pii.Keyring // the service's keyring (nil: a fresh one)
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -61,6 +62,9 @@ func newEnv(t *testing.T, o envOpts) *env {
 	kr, err := pii.ParseKeyring(keys, blind)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.kr != nil {
+		kr = o.kr
 	}
 	clk := testkit.NewClock(time.Now().UTC()).Ticking(time.Millisecond)
 	reg := prometheus.NewRegistry()

@@ -172,7 +172,7 @@ func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d
 	default:
 		return Payment{}, Record{}, fmt.Errorf("payments: no transition to %q", to)
 	}
-	if err := insertEvent(ctx, tx, topic, eventType, p, now, false); err != nil {
+	if err := insertEvent(ctx, tx, nil, topic, eventType, p, now, nil); err != nil {
 		return Payment{}, Record{}, err
 	}
 	status, body := storedResponse(p)

@@ -167,19 +167,20 @@ func (s *Service) PaymentOf(ctx context.Context, merchantID string, op uuid.UUID
 	return b, nil
 }
 
-// MaskedCustomer decrypts and masks a payment's customer fields; a value
-// under a key this service does not hold shows as "undecryptable".
+// MaskedCustomer decrypts and masks a payment's customer fields (the
+// payment table's schema in internal/pii); a value under a key this service
+// does not hold, or one that does not open for this payment, shows as
+// "undecryptable".
 func (s *Service) MaskedCustomer(p Payment) map[string]string {
-	out := make(map[string]string, len(p.Customer))
+	clear := make(map[string]string, len(p.Customer))
 	for field, env := range p.Customer {
-		clear, err := s.kr.Decrypt(field, env)
+		v, err := s.kr.Open(CustomerPlace(p.OperationID), field, env)
 		if err != nil {
-			out[field] = pii.Undecryptable
-			continue
+			v = pii.Undecryptable
 		}
-		out[field] = pii.Show(field, clear)
+		clear[field] = v
 	}
-	return out
+	return pii.MaskRecord(CustomerTable, clear)
 }
 
 // Ready reports whether the database answers and carries the schema this

@@ -6,57 +6,74 @@ import (
 	"unicode/utf8"
 )
 
-// Sensitive field names the project knows how to mask.
+// The fields of a payment's customer column, which are also the fields
+// blind indexes are computed for.
 const (
 	FieldName  = "name"
 	FieldEmail = "email"
 	FieldTaxID = "tax_id"
 )
 
-// Masked is what a field shows when nothing of it may be shown.
-const Masked = "***"
+// What a masked field shows when nothing of it may be shown.
+const (
+	Masked    = "***"         // a name or email whose shape gives no safe hint
+	Redacted  = "[redacted]"  // an address, free text, an undeclared field
+	Encrypted = "[encrypted]" // a sealed value shown without the keys to open it
+)
 
-// safeFields are the only fields shown in clear (default-deny): anything not
-// listed here is masked, so a new field leaks nothing until someone declares
-// it safe on purpose.
-var safeFields = map[string]bool{
-	"operation_id": true, "merchant_id": true, "invoice_id": true, "account_id": true,
-	"payment_type": true, "amount": true, "currency": true, "status": true,
-	"provider_ref": true, "failure_code": true, "created_at": true, "updated_at": true,
-	"unknown_since": true, "resolved_at": true, "inquiry_attempts": true,
-}
-
-// Safe reports whether field may be shown in clear.
-func Safe(field string) bool { return safeFields[field] }
-
-// Show is the field policy in one call: safe fields in clear, everything
-// else masked.
-func Show(field, value string) string {
-	if Safe(field) {
+// Mask hides a value according to its rule, keeping only hints an operator
+// needs to tell values apart: "Ayşe Yılmaz" → "A*** Y***",
+// "ayse@example.com" → "a***@e***.com", a tax id or phone → its last two
+// characters. Values that do not fit their rule's shape are masked
+// completely, and only Safe returns its input: the output of every other
+// rule never contains the input.
+func Mask(rule Rule, value string) string {
+	if rule == Safe {
 		return value
 	}
-	return Mask(field, value)
-}
-
-// Mask hides a sensitive value, keeping only hints an operator needs to tell
-// values apart: "Ayşe Yılmaz" → "A*** Y***", "ayse@example.com" →
-// "a***@e***.com", "12345678901" → "*******8901". Unknown fields and values
-// that do not fit their field's shape are masked completely. The output never
-// contains the input.
-func Mask(field, value string) string {
 	v := strings.TrimSpace(value)
 	if v == "" {
 		return Masked
 	}
-	switch field {
-	case FieldName:
+	switch rule {
+	case Name:
 		return maskName(v)
-	case FieldEmail:
+	case Email:
 		return maskEmail(v)
-	case FieldTaxID:
-		return maskTaxID(v)
+	case TaxID:
+		return maskTail(Normalize(FieldTaxID, v), unicode.IsLetter)
+	case Phone:
+		return maskTail(strings.Map(func(r rune) rune {
+			if r >= '0' && r <= '9' {
+				return r
+			}
+			return -1
+		}, v), nil)
 	}
-	return Masked
+	return Redacted
+}
+
+// MaskRecord is what a screen shows of one record of table: each field
+// masked by the table's schema (fields it does not declare, and every field
+// of a table without a schema, are redacted). A value that could not be
+// decrypted stays Undecryptable; a value still sealed shows as Encrypted.
+func MaskRecord(table string, fields map[string]string) map[string]string {
+	schema := tableSchemas[table]
+	out := make(map[string]string, len(fields))
+	for f, v := range fields {
+		rule := schema[f]
+		switch {
+		case rule == Safe:
+			out[f] = v
+		case v == Undecryptable:
+			out[f] = Undecryptable
+		case IsEnvelope(v):
+			out[f] = Encrypted
+		default:
+			out[f] = Mask(rule, v)
+		}
+	}
+	return out
 }
 
 func maskName(v string) string {
@@ -125,18 +142,19 @@ func firstLetterOrDigit(s string) string {
 	return string(r)
 }
 
-func maskTaxID(v string) string {
-	runes := []rune(Normalize(FieldTaxID, v))
-	// Show the last four only when at least four more stay hidden; a fixed
-	// number of stars hides the length.
-	if len(runes) < 8 {
-		return "*******"
+// maskTail shows the last two characters of v (digits, or letters too when
+// extra allows them) behind a fixed run of stars that hides the length, and
+// only when at least four more stay hidden.
+func maskTail(v string, extra func(rune) bool) string {
+	const stars = "*******"
+	runes := []rune(v)
+	if len(runes) < 6 {
+		return stars
 	}
-	tail := runes[len(runes)-4:]
-	for _, r := range tail {
-		if !(unicode.IsDigit(r) || unicode.IsLetter(r)) {
-			return "*******"
+	for _, r := range runes {
+		if !(unicode.IsDigit(r) || extra != nil && extra(r)) {
+			return stars
 		}
 	}
-	return "*******" + string(tail)
+	return stars + string(runes[len(runes)-2:])
 }
