@@ -75,6 +75,11 @@ func (c *Consumer) Handle(ctx context.Context, msg broker.Message) error {
 // per applied event (no payload: it may carry encrypted personal data). The
 // table has no unique key on the event id on purpose, so an effect applied
 // twice would be visible as two rows.
+//
+// It reads no payload field, so it decrypts nothing and needs no keyring:
+// a consumer that does need a sealed field opens only that one, with
+// pii.OpenPayloadField(kr, msg.EventType, msg.ID, msg.Payload, path) (the
+// fields are bound to the event's type and id).
 func RecordEffect(consumer string) Effect {
 	return func(ctx context.Context, tx pgx.Tx, msg broker.Message) error {
 		_, err := tx.Exec(ctx, `
