@@ -45,6 +45,7 @@ func commands() map[string]command {
 		"migrate":      {"apply (`migrate up`) or show (`migrate status`) the embedded schema migrations", []string{"up", "status"}, runMigrate},
 		"prune":        {"one pruning pass (published outbox rows, inbox rows past retention), in small batches", nil, runPrune},
 		"audit":        {"`audit verify [--anchors FILE]`: walk the audit hash chain; `audit anchor`: sign its head", []string{"verify", "anchor"}, runAudit},
+		"pii":          {"personal data keys: `pii keygen`, `pii rotate [--dry-run] [--batch N]` (resumable), `pii check` (values per key id)", []string{"keygen", "rotate", "check"}, runPII},
 		"db":           {"`db grant --role NAME [--dry-run]`: set up the application role the services run as", []string{"grant"}, runDB},
 		"version":      {"version, commit, schema version", nil, runVersion},
 	}

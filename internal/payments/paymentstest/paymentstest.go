@@ -104,7 +104,10 @@ type PaymentOpts struct {
 	Amount   string            // default "10.00"
 	Status   payments.Status   // default unknown
 	Age      time.Duration     // how long ago it was made (and went unknown), on the database clock
-	Customer map[string]string // stored as it is (normally pii envelopes); default none
+	Customer map[string]string // stored as it is (normally pii envelopes, sealed for OperationID); default none
+	// OperationID is the payment's id (default a new UUIDv7): known before
+	// the call, so customer envelopes can be sealed for it.
+	OperationID uuid.UUID
 }
 
 // Payment writes a payment with the books a real one in its status has: a
@@ -135,9 +138,11 @@ func Payment(t testing.TB, pool *pgxpool.Pool, o PaymentOpts) uuid.UUID {
 	if err != nil {
 		t.Fatal(err)
 	}
-	op, err := uuid.NewV7()
-	if err != nil {
-		t.Fatal(err)
+	op := o.OperationID
+	if op == uuid.Nil {
+		if op, err = uuid.NewV7(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	reservation := map[payments.Status]string{
 		payments.StatusProcessing: payments.ReservationActive,
