@@ -1,17 +1,20 @@
 // Package pii protects personal data: a keyring encrypts each value with
-// AES-256-GCM under a key id carried beside the value (so keys rotate without
-// migrating data), a blind index makes encrypted values searchable by
-// equality, and masking rules decide what a screen, a log line or an audit
-// record may show (default-deny: only fields declared safe appear in clear).
+// AES-256-GCM under a key id carried beside the value and binds it to its
+// place (table or event type, record id, field); a field schema
+// (schema.go) says which fields are personal and how each is masked; a
+// blind index makes encrypted values searchable by equality; and masking
+// rules decide what a screen, a log line or an audit record may show
+// (default-deny: only fields declared safe appear in clear).
 //
 // Keys: PII_KEYS is "id:base64key,..." (32-byte AES keys); the first key
 // encrypts, every key decrypts. To rotate, put a new key first and keep the
-// old ones listed: old values still open, new values use the new id, and no
-// data migration is needed. Back every key up outside the database (a
-// secrets manager, or an offline copy): a value whose key is lost cannot be
-// recovered and shows as "undecryptable". Rotating PII_BLIND_INDEX_KEY breaks
-// equality lookups of existing blind indexes (and idempotency request
-// hashes still inside their retry window), so rotate it only with a re-index.
+// old ones listed: old values still open, new values use the new id, and
+// `console pii rotate` rewrites the old ones at leisure. Back every key up
+// outside the database (a secrets manager, or an offline copy): a value
+// whose key is lost cannot be recovered and shows as "undecryptable".
+// Rotating PII_BLIND_INDEX_KEY breaks equality lookups of existing blind
+// indexes (and idempotency request hashes still inside their retry window),
+// so rotate it only with a re-index.
 package pii
 
 import (
