@@ -32,8 +32,8 @@ of outbox payloads. PII_KEYS lists the keys, the first encrypts, all decrypt.
                                    that do not open: a key may go once no value needs it
 
 A value whose key is lost cannot be recovered: back every key up outside the
-database before it encrypts anything. rotate and check need DATABASE_URL,
-PII_KEYS and PII_BLIND_INDEX_KEY.
+database before it encrypts anything. rotate and check need DATABASE_URL
+(or --database-url), PII_KEYS and PII_BLIND_INDEX_KEY.
 `
 
 func runPII(ctx context.Context, e env, args []string) error {
