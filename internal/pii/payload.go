@@ -46,40 +46,26 @@ func SealPayload(kr *Keyring, eventType, eventID string, payload []byte) ([]byte
 		return nil, err
 	}
 	place := Place{Kind: eventType, ID: eventID}
-	var seal func(obj map[string]any, prefix string) error
-	seal = func(obj map[string]any, prefix string) error {
-		for k, v := range obj {
-			path := join(prefix, k)
-			rule, declared := schema[path]
-			if rule == Safe || v == nil {
-				continue
+	err = eachSensitive(schema, obj, "", func(obj map[string]any, k, path string, _ Rule, _ bool) error {
+		if kr == nil {
+			return fmt.Errorf("%w: %s of %s", ErrNoKeyring, path, eventType)
+		}
+		if s, isStr := obj[k].(string); isStr && IsEnvelope(s) {
+			if _, err := kr.openPayloadValue(place, path, s); err != nil {
+				return fmt.Errorf("pii: %s of %s is an envelope that does not open for this event: %w", path, eventType, err)
 			}
-			if sub, isObj := v.(map[string]any); isObj && !declared {
-				if err := seal(sub, path); err != nil {
-					return err
-				}
-				continue
-			}
-			if kr == nil {
-				return fmt.Errorf("%w: %s of %s", ErrNoKeyring, path, eventType)
-			}
-			if s, isStr := v.(string); isStr && IsEnvelope(s) {
-				if _, err := kr.openPayloadValue(place, path, s); err != nil {
-					return fmt.Errorf("pii: %s of %s is an envelope that does not open for this event: %w", path, eventType, err)
-				}
-				continue
-			}
-			text, err := encode(v, false)
-			if err != nil {
-				return fmt.Errorf("pii: encode %s of %s: %w", path, eventType, err)
-			}
-			if obj[k], err = kr.Seal(place, path, string(text)); err != nil {
-				return fmt.Errorf("pii: seal %s of %s: %w", path, eventType, err)
-			}
+			return nil
+		}
+		text, err := encode(obj[k], false)
+		if err != nil {
+			return fmt.Errorf("pii: encode %s of %s: %w", path, eventType, err)
+		}
+		if obj[k], err = kr.Seal(place, path, string(text)); err != nil {
+			return fmt.Errorf("pii: seal %s of %s: %w", path, eventType, err)
 		}
 		return nil
-	}
-	if err := seal(obj, ""); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
 	return encode(obj, false)
@@ -163,26 +149,14 @@ func maskPayload(eventType string, payload []byte, open func(path, env string) (
 		out, _ := encode(redactKeys(whole), true)
 		return out
 	}
-	var mask func(obj map[string]any, prefix string)
-	mask = func(obj map[string]any, prefix string) {
-		for k, v := range obj {
-			path := join(prefix, k)
-			rule, declared := schema[path]
-			if rule == Safe || v == nil {
-				continue
-			}
-			if sub, isObj := v.(map[string]any); isObj && !declared {
-				mask(sub, path)
-				continue
-			}
-			if !declared {
-				obj[k] = Redacted
-				continue
-			}
-			obj[k] = maskValue(rule, path, v, open)
+	_ = eachSensitive(schema, obj, "", func(obj map[string]any, k, path string, rule Rule, declared bool) error {
+		if !declared {
+			obj[k] = Redacted
+			return nil
 		}
-	}
-	mask(obj, "")
+		obj[k] = maskValue(rule, path, obj[k], open)
+		return nil
+	})
 	out, _ := encode(obj, true)
 	return out
 }
@@ -206,6 +180,29 @@ func maskValue(rule Rule, path string, v any, open func(path, env string) ([]byt
 		return Mask(rule, s)
 	}
 	return Redacted
+}
+
+// eachSensitive calls fn for every field of obj, looking into objects the
+// schema does not declare, that is neither Safe nor null: the fields the
+// sealer seals and the masker masks. fn may replace obj[k].
+func eachSensitive(schema Schema, obj map[string]any, prefix string, fn func(obj map[string]any, k, path string, rule Rule, declared bool) error) error {
+	for k, v := range obj {
+		path := join(prefix, k)
+		rule, declared := schema[path]
+		if rule == Safe || v == nil {
+			continue
+		}
+		if sub, isObj := v.(map[string]any); isObj && !declared {
+			if err := eachSensitive(schema, sub, path, fn); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := fn(obj, k, path, rule, declared); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // redactKeys keeps the shape of keys and nothing else.
