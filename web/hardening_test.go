@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/PuerkitoBio/goquery"
 	"github.com/gorilla/websocket"
 
 	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
@@ -356,18 +355,8 @@ func TestDashboardRendersAttackerTextInert(t *testing.T) {
 	}
 	_, page := b.get(t, h.base+"/", "text/html")
 	for name, html := range map[string]string{"page": page, "frames": frames.String()} {
+		assertInert(t, name, html)
 		d := doc(t, html)
-		d.Find("script").Each(func(_ int, s *goquery.Selection) {
-			if strings.Contains(s.Text(), "alert") {
-				t.Errorf("%s: a script element from data: %s", name, s.Text())
-			}
-		})
-		if n := d.Find("[onmouseover]").Length(); n != 0 {
-			t.Errorf("%s: %d elements with an onmouseover attribute", name, n)
-		}
-		if n := d.Find(`[hx-get="/logout"]`).Length(); n != 0 {
-			t.Errorf("%s: %d elements with an hx-get from data", name, n)
-		}
 		if !strings.Contains(d.Text(), topic) || !strings.Contains(d.Text(), etype) {
 			t.Errorf("%s: the text is not shown as text", name)
 		}

@@ -54,14 +54,18 @@ func outboxState(t *testing.T, h *harness) string {
 	return s
 }
 
-// postForm posts form with the page's CSRF token, without following
-// redirects, and returns the response with its body read.
+// postForm posts form as a same-origin browser would (with the page's CSRF
+// token when token is not empty), without following redirects, and returns
+// the response with its body read.
 func (b *browser) postForm(t *testing.T, u, token string, form url.Values) (*http.Response, string) {
 	t.Helper()
-	form.Set("csrf_token", token)
+	if token != "" {
+		form.Set("csrf_token", token)
+	}
 	req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "text/html")
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
 	resp, err := b.noRedirects().Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package web_test
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -95,21 +94,11 @@ func (h *harness) csrf(t *testing.T, b *browser) string {
 	return m[1]
 }
 
-// postForm posts a form as a same-origin browser would, without following
-// redirects; it returns the response and its body.
+// postForm posts a form to path on the console (see browser.postForm; the
+// caller puts the CSRF token in form).
 func (h *harness) postForm(t *testing.T, b *browser, path string, form url.Values) (*http.Response, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, h.base+path, strings.NewReader(form.Encode()))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Accept", "text/html")
-	req.Header.Set("Sec-Fetch-Site", "same-origin")
-	resp, err := b.noRedirects().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	return resp, string(data)
+	return b.postForm(t, h.base+path, "", form)
 }
 
 // dialPath opens the websocket at path (a page's ws-connect) as b.
