@@ -46,6 +46,7 @@ type options struct {
 	cpuprofile  string
 	profileSys  string
 	poolSize    int
+	explain     bool
 }
 
 func main() {
@@ -64,6 +65,7 @@ func main() {
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the -profile system's runs to FILE-<sink>.pprof")
 	flag.StringVar(&o.profileSys, "profile", "relay", "system whose runs -cpuprofile covers")
 	flag.IntVar(&o.poolSize, "pool", 10, "connections per system's pool (the same for all)")
+	flag.BoolVar(&o.explain, "explain", false, "print EXPLAIN (ANALYZE, BUFFERS) of the claim and mark half-way through a drain of -rows, then exit")
 	flag.Parse()
 	def := func(v *int, full, quick int) {
 		if *v == 0 {
@@ -172,6 +174,20 @@ func run(ctx context.Context, o options) error {
 		return pgxpool.NewWithConfig(ctx, cfg)
 	}
 
+	if o.explain {
+		pool, err := newDB("sluice")
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := migrateSluice(ctx, pool); err != nil {
+			return err
+		}
+		if err := explainClaim(ctx, pool, o.rows, bareClaimSQL); err != nil && !errors.Is(err, errRollback) {
+			return err
+		}
+		return nil
+	}
 	if o.pgbenchSecs > 0 {
 		tps, clients, err := pgbench(ctx, admin, o, suffix)
 		if err != nil {
