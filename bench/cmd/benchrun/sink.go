@@ -85,6 +85,18 @@ func (s *natsSink) Publish(ctx context.Context, msg broker.Message) error {
 	return nil
 }
 
+// PublishBatch passes natsbroker's batch publish through, so the relay sees
+// the sink as the broker.BatchPublisher it is.
+func (s *natsSink) PublishBatch(ctx context.Context, msgs []broker.Message) []error {
+	errs := s.js.PublishBatch(ctx, msgs)
+	for _, err := range errs {
+		if err == nil {
+			s.n.Add(1)
+		}
+	}
+	return errs
+}
+
 // publishBatch is the bare loop's publish: every message of the batch sent
 // asynchronously on the loop's own connection, then one wait for all the
 // acks. Subject and headers are those natsbroker writes.
