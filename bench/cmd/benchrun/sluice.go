@@ -109,6 +109,11 @@ func runRelay(ctx context.Context, pool *pgxpool.Pool, pub outbox.Publisher, row
 	el := time.Since(start)
 	cancel()
 	wg.Wait()
+	for _, r := range rs {
+		if st := r.Stats(); st.Failed > 0 || st.Lost > 0 {
+			fmt.Printf("  note: %s %+v\n", r.Config().Name, st)
+		}
+	}
 	return el, err
 }
 
