@@ -1,7 +1,7 @@
 # The two set-up commands of README.md live here: `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test build generate check
+.PHONY: demo test build generate check bench
 
 demo: ## run the whole system on this machine (Ctrl-C stops and cleans up)
 	$(GO) run ./cmd/console demo
@@ -20,3 +20,6 @@ check: ## what CI checks besides the tests
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+bench: ## the quick benchmark run (bench/run --quick; bench/run alone is the full one): ratios against same-run peers
+	./bench/run --quick

@@ -39,6 +39,18 @@ type Publisher interface {
 	Publish(ctx context.Context, msg Message) error
 }
 
+// BatchPublisher is a Publisher that can have many messages in flight at
+// once: PublishBatch sends every message of msgs, then waits for the
+// broker's acks, and returns one error per message, in msgs' order (nil:
+// stored, as Publish's nil). A failed message does not stop the ones after
+// it, so a caller that needs two messages stored in order must not put both
+// in one batch. An adapter implements it when its broker acknowledges
+// publishes asynchronously (JetStream); the relay uses it when present.
+type BatchPublisher interface {
+	Publisher
+	PublishBatch(ctx context.Context, msgs []Message) []error
+}
+
 // Handler processes one delivered message. A nil error acknowledges it; on
 // an error the subscriber calls it again with the same message (after a
 // growing pause) before it reads the next one, so order is kept.

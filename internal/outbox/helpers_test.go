@@ -72,6 +72,28 @@ func (p *memPublisher) Publish(ctx context.Context, msg broker.Message) error {
 	return nil
 }
 
+// PublishBatch makes memPublisher a broker.BatchPublisher, as JetStream is:
+// every message of the batch in flight at once, one outcome each. The relay
+// publishes through it in waves, so most relay tests run that path;
+// onePublisher hides it to test the one-at-a-time path.
+func (p *memPublisher) PublishBatch(ctx context.Context, msgs []broker.Message) []error {
+	errs := make([]error, len(msgs))
+	var wg sync.WaitGroup
+	for i, m := range msgs {
+		wg.Go(func() { errs[i] = p.Publish(ctx, m) })
+	}
+	wg.Wait()
+	return errs
+}
+
+// onePublisher is a publisher without PublishBatch (RabbitMQ's kind): the
+// relay publishes its events one at a time, several aggregates at once.
+type onePublisher struct{ p *memPublisher }
+
+func (o onePublisher) Publish(ctx context.Context, msg broker.Message) error {
+	return o.p.Publish(ctx, msg)
+}
+
 // seeded is one event bulkInsert wrote.
 type seeded struct {
 	ID  uuid.UUID

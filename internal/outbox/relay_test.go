@@ -489,6 +489,17 @@ func TestOrderPerAggregateAcrossRelays(t *testing.T) {
 // the same batch from overtaking it.
 func TestUnorderedBatchDefersLaterEventsOfAFailedAggregate(t *testing.T) {
 	t.Parallel()
+	t.Run("batch publisher", func(t *testing.T) {
+		t.Parallel()
+		unorderedBatchDefers(t, func(p *memPublisher) outbox.Publisher { return p })
+	})
+	t.Run("one at a time", func(t *testing.T) {
+		t.Parallel()
+		unorderedBatchDefers(t, func(p *memPublisher) outbox.Publisher { return onePublisher{p} })
+	})
+}
+
+func unorderedBatchDefers(t *testing.T, wrap func(*memPublisher) outbox.Publisher) {
 	pool := dbtest.New(t)
 	events := bulkInsert(t, pool, "u", 2, 3)
 	var first uuid.UUID
@@ -499,12 +510,12 @@ func TestUnorderedBatchDefersLaterEventsOfAFailedAggregate(t *testing.T) {
 	}
 	log := &pubLog{}
 	clk := newClock()
-	r, err := outbox.NewRelay(pool, &memPublisher{name: "r", log: log, before: func(_ context.Context, m broker.Message) error {
+	r, err := outbox.NewRelay(pool, wrap(&memPublisher{name: "r", log: log, before: func(_ context.Context, m broker.Message) error {
 		if m.ID == first.String() {
 			return errors.New("nope")
 		}
 		return nil
-	}}, outbox.RelayConfig{DisableOrdering: true, DisableListen: true, Now: clk.Now}, nil, nil)
+	}}), outbox.RelayConfig{DisableOrdering: true, DisableListen: true, Now: clk.Now}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

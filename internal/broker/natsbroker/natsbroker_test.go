@@ -206,3 +206,69 @@ func TestPublishDuringOutageIsUnavailable(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// PublishBatch stores every message of the batch (one outcome each), with
+// the same subject and headers as Publish, deduplicated by event id.
+func TestPublishBatch(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	ctx := context.Background()
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	var _ broker.BatchPublisher = b
+	msgs := brokertest.Messages(150, 150)
+	for round := range 2 { // the second round only repeats ids: no new messages
+		errs := b.PublishBatch(ctx, msgs)
+		if len(errs) != len(msgs) {
+			t.Fatalf("round %d: %d outcomes for %d messages", round, len(errs), len(msgs))
+		}
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: message %d: %v", round, i, err)
+			}
+		}
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	st, err := js.Stream(ctx, b.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != uint64(len(msgs)) {
+		t.Fatalf("stream holds %d messages, want %d", info.State.Msgs, len(msgs))
+	}
+	last := msgs[len(msgs)-1]
+	got, err := st.GetLastMsgForSubject(ctx, b.Subject(last.Topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Header.Get(jetstream.MsgIDHeader) != last.ID || got.Header.Get(broker.HeaderAggregateID) != last.AggregateID ||
+		got.Header.Get(broker.HeaderAggregateSeq) != "1" || string(got.Data) != string(last.Payload) {
+		t.Fatalf("stored %v %q", got.Header, got.Data)
+	}
+}
+
+// With the server gone, every message of a batch fails as ErrUnavailable.
+func TestPublishBatchDuringOutageIsUnavailable(t *testing.T) {
+	t.Parallel()
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	srv.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for i, err := range b.PublishBatch(ctx, brokertest.Messages(5, 5)) {
+		if !errors.Is(err, broker.ErrUnavailable) {
+			t.Fatalf("message %d with the server down: %v, want ErrUnavailable", i, err)
+		}
+	}
+}

@@ -1,0 +1,580 @@
+// Command benchrun runs Sluice's benchmark workloads against same-run
+// baselines and prints one table of ratios; bench/run is its front door
+// (see bench/README.md). Only R1 (burn-down) exists so far.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"regexp"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+)
+
+type options struct {
+	adminURL    string
+	quick       bool
+	rows        int
+	wmRows      int
+	runs        int
+	relays      int
+	batch       int
+	pgbenchSecs int
+	out         string
+	systems     string
+	sinks       string
+	cpuprofile  string
+	profileSys  string
+	poolSize    int
+	explain     bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.adminURL, "pg", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL maintenance database URL (a superuser: creates and drops the bench databases)")
+	flag.BoolVar(&o.quick, "quick", false, "quick mode: fewer rows and runs (see bench/README.md)")
+	flag.IntVar(&o.rows, "rows", 0, "R1 preloaded rows (default 200000; quick 50000)")
+	flag.IntVar(&o.wmRows, "wm-rows", 0, "R1 rows for watermill-sql (default 20000; quick 5000): it is much slower")
+	flag.IntVar(&o.runs, "runs", 0, "runs per configuration (default 3; quick 1)")
+	flag.IntVar(&o.relays, "relays", 2, "relays (and bare-loop workers)")
+	flag.IntVar(&o.batch, "batch", 100, "relay and bare-loop batch size")
+	flag.IntVar(&o.pgbenchSecs, "pgbench-seconds", 0, "pgbench -N duration (default 20; quick 8; 0 skips with -pgbench-seconds=-1)")
+	flag.StringVar(&o.out, "out", "results/latest.json", "JSON results file")
+	flag.StringVar(&o.systems, "systems", "", "comma list of systems to run (default all): relay,bare,river,watermill")
+	flag.StringVar(&o.sinks, "sinks", "null,nats", "comma list of sinks: null,nats")
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the -profile system's runs to FILE-<sink>.pprof")
+	flag.StringVar(&o.profileSys, "profile", "relay", "system whose runs -cpuprofile covers")
+	flag.IntVar(&o.poolSize, "pool", 10, "connections per system's pool (the same for all)")
+	flag.BoolVar(&o.explain, "explain", false, "print EXPLAIN (ANALYZE, BUFFERS) of the claim and mark half-way through a drain of -rows, then exit")
+	flag.Parse()
+	def := func(v *int, full, quick int) {
+		if *v == 0 {
+			*v = full
+			if o.quick {
+				*v = quick
+			}
+		}
+	}
+	def(&o.rows, 200000, 50000)
+	def(&o.wmRows, 20000, 5000)
+	def(&o.runs, 3, 1)
+	def(&o.pgbenchSecs, 20, 8)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		log.Printf("benchrun: %v", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+type runResult struct {
+	Seconds       float64 `json:"seconds"`
+	EventsPerSec  float64 `json:"events_per_sec"`
+	CPUSecs       float64 `json:"process_cpu_seconds"` // whole bench process, embedded NATS included
+	CommitsPerEv  float64 `json:"commits_per_event,omitempty"`
+	StmtsPerEv    float64 `json:"statements_per_event,omitempty"` // pg_stat_statements, when loaded
+	HOTPercent    float64 `json:"hot_update_percent"`
+	WALBytesPerEv float64 `json:"wal_bytes_per_event_clusterwide"` // includes other users of the server
+}
+
+type config struct {
+	Workload string      `json:"workload"`
+	Sink     string      `json:"sink"`
+	System   string      `json:"system"` // relay, bare, river, watermill
+	Config   string      `json:"config"`
+	Rows     int         `json:"rows"`
+	Runs     []runResult `json:"runs"`
+	Median   float64     `json:"median_events_per_sec"`
+	Min      float64     `json:"min_events_per_sec"`
+	Max      float64     `json:"max_events_per_sec"`
+}
+
+type ratio struct {
+	Sink      string  `json:"sink"`
+	Name      string  `json:"name"`
+	Of        string  `json:"of"`
+	Over      string  `json:"over"`
+	Median    float64 `json:"median"`
+	Low       float64 `json:"low"`  // relay min ÷ peer max
+	High      float64 `json:"high"` // relay max ÷ peer min
+	Goal      float64 `json:"goal,omitempty"`
+	MeetsGoal bool    `json:"meets_goal"`
+}
+
+type report struct {
+	Started  time.Time      `json:"started"`
+	Finished time.Time      `json:"finished"`
+	Mode     string         `json:"mode"`
+	Commit   string         `json:"commit"`
+	Machine  map[string]any `json:"machine"`
+	Notes    []string       `json:"notes"`
+	Configs  []*config      `json:"configs"`
+	Ratios   []ratio        `json:"ratios"`
+}
+
+func run(ctx context.Context, o options) error {
+	rep := &report{Started: time.Now().UTC(), Mode: map[bool]string{true: "quick", false: "full"}[o.quick]}
+	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
+		rep.Commit = strings.TrimSpace(string(out))
+		if st, _ := exec.Command("git", "status", "--porcelain", "--", "..").Output(); len(st) > 0 {
+			rep.Commit += "+dirty"
+		}
+	}
+	admin, err := pgx.Connect(ctx, o.adminURL)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", o.adminURL, err)
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	rep.Machine, err = machine(ctx, admin)
+	if err != nil {
+		return err
+	}
+	suffix := randomSuffix()
+	dbs := map[string]string{}
+	defer func() {
+		for _, name := range dbs {
+			if _, err := admin.Exec(context.WithoutCancel(ctx), `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`); err != nil {
+				log.Printf("drop %s: %v", name, err)
+			}
+		}
+	}()
+	newDB := func(kind string) (*pgxpool.Pool, error) {
+		name := "sluicebench_" + suffix + "_" + kind
+		if _, err := admin.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
+			return nil, err
+		}
+		dbs[kind] = name
+		cfg, err := pgxpool.ParseConfig(withDB(o.adminURL, name))
+		if err != nil {
+			return nil, err
+		}
+		cfg.MaxConns = int32(o.poolSize)
+		return pgxpool.NewWithConfig(ctx, cfg)
+	}
+
+	if o.explain {
+		pool, err := newDB("sluice")
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := migrateSluice(ctx, pool); err != nil {
+			return err
+		}
+		if err := explainClaim(ctx, pool, o.rows, bareClaimSQL); err != nil && !errors.Is(err, errRollback) {
+			return err
+		}
+		return nil
+	}
+	if o.pgbenchSecs > 0 {
+		tps, clients, err := pgbench(ctx, admin, o, suffix)
+		if err != nil {
+			return fmt.Errorf("pgbench: %w", err)
+		}
+		rep.Machine["pgbench_N_tps"] = tps
+		rep.Machine["pgbench_N_clients"] = clients
+		fmt.Printf("pgbench -N: %.0f TPS (%d clients, %ds)\n", tps, clients, o.pgbenchSecs)
+	}
+
+	want := func(list, x string) bool { return list == "" || slices.Contains(strings.Split(list, ","), x) }
+	type system struct {
+		kind, config string
+		sinks        []string // nil: every sink
+		rows         int
+		pool         *pgxpool.Pool
+		preload      func(context.Context, *pgxpool.Pool, int) error
+		table        string
+		run          func(context.Context, *pgxpool.Pool, broker.Publisher, int) (time.Duration, error)
+	}
+	var systems []system
+	if want(o.systems, "relay") || want(o.systems, "bare") {
+		pool, err := newDB("sluice")
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := migrateSluice(ctx, pool); err != nil {
+			return fmt.Errorf("migrate sluice: %w", err)
+		}
+		if want(o.systems, "relay") {
+			systems = append(systems, system{kind: "relay", config: fmt.Sprintf("%d relays, batch %d, ordered", o.relays, o.batch), rows: o.rows, pool: pool,
+				preload: preloadOutbox, table: "outbox_event",
+				run: func(ctx context.Context, p *pgxpool.Pool, pub broker.Publisher, n int) (time.Duration, error) {
+					return runRelay(ctx, p, pub, n, o.relays, o.batch, true)
+				}})
+		}
+		if want(o.systems, "bare") {
+			systems = append(systems, system{kind: "bare", config: fmt.Sprintf("%d workers, batch %d, claim+mark of 09e153b", o.relays, o.batch), rows: o.rows, pool: pool,
+				preload: preloadOutbox, table: "outbox_event",
+				run: func(ctx context.Context, p *pgxpool.Pool, pub broker.Publisher, n int) (time.Duration, error) {
+					if _, null := pub.(*nullSink); null {
+						pub = nil // the ceiling: no publish at all
+					}
+					return runBare(ctx, p, pub, n, o.relays, o.batch)
+				}})
+		}
+	}
+	if want(o.systems, "river") {
+		pool, err := newDB("river")
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := migrateRiver(ctx, pool); err != nil {
+			return fmt.Errorf("migrate river: %w", err)
+		}
+		for _, rc := range riverConfigs {
+			systems = append(systems, system{kind: "river", config: rc.Name, rows: o.rows, pool: pool,
+				preload: preloadRiver, table: "river_job",
+				run: func(ctx context.Context, p *pgxpool.Pool, pub broker.Publisher, n int) (time.Duration, error) {
+					return runRiver(ctx, p, pub, n, rc)
+				}})
+		}
+	}
+	if want(o.systems, "watermill") {
+		pool, err := newDB("watermill")
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		systems = append(systems, system{kind: "watermill", config: "watermill-sql v4 forwarder, default schema, batch 100", sinks: []string{"nats"}, rows: o.wmRows, pool: pool,
+			preload: preloadWatermill, table: "watermill_" + wmForwarderTopic, run: runWatermill})
+	}
+
+	var sinks []sink
+	for _, s := range strings.Split(o.sinks, ",") {
+		switch s {
+		case "null":
+			sinks = append(sinks, &nullSink{})
+		case "nats":
+			ns, err := startNATS(ctx)
+			if err != nil {
+				return fmt.Errorf("embedded NATS: %w", err)
+			}
+			defer ns.close()
+			sinks = append(sinks, ns)
+		default:
+			return fmt.Errorf("unknown sink %q", s)
+		}
+	}
+
+	results := map[string]*config{}
+	var order []string
+	pgss := map[*pgxpool.Pool]bool{}
+	for _, s := range systems {
+		if _, seen := pgss[s.pool]; !seen {
+			_, err := s.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
+			if err == nil {
+				_, err = s.pool.Exec(ctx, `SELECT pg_stat_statements_reset()`)
+			}
+			pgss[s.pool] = err == nil
+		}
+	}
+	if !pgss[systems[0].pool] {
+		rep.Notes = append(rep.Notes, "pg_stat_statements is not loaded (shared_preload_libraries): statements per event not recorded")
+	}
+	// Runs are interleaved (rep → sink → system) so slow phases of a shared
+	// machine spread over every system instead of hitting one.
+	for r := 0; r < o.runs; r++ {
+		for _, sk := range sinks {
+			for _, s := range systems {
+				if s.sinks != nil && !slices.Contains(s.sinks, sk.name()) {
+					continue
+				}
+				key := sk.name() + "|" + s.kind + "|" + s.config
+				c := results[key]
+				if c == nil {
+					c = &config{Workload: "R1", Sink: sk.name(), System: s.kind, Config: s.config, Rows: s.rows}
+					results[key] = c
+					order = append(order, key)
+				}
+				if err := s.preload(ctx, s.pool, s.rows); err != nil {
+					return fmt.Errorf("%s preload: %w", key, err)
+				}
+				if err := sk.reset(ctx); err != nil {
+					return fmt.Errorf("reset sink: %w", err)
+				}
+				var prof *os.File
+				if o.cpuprofile != "" && s.kind == o.profileSys {
+					prof, err = os.Create(fmt.Sprintf("%s-%s.pprof", o.cpuprofile, sk.name()))
+					if err != nil {
+						return err
+					}
+					if err := pprof.StartCPUProfile(prof); err != nil {
+						return err
+					}
+				}
+				before, err := snapshot(ctx, s.pool, s.table, pgss[s.pool])
+				if err != nil {
+					return err
+				}
+				cpu0 := cpuTime()
+				rctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+				el, err := s.run(rctx, s.pool, sk, s.rows)
+				cancel()
+				cpu := cpuTime() - cpu0
+				if prof != nil {
+					pprof.StopCPUProfile()
+					prof.Close()
+				}
+				if err != nil {
+					return fmt.Errorf("%s run %d: %w", key, r+1, err)
+				}
+				after, err := snapshot(ctx, s.pool, s.table, pgss[s.pool])
+				if err != nil {
+					return err
+				}
+				n := float64(s.rows)
+				rr := runResult{
+					Seconds: el.Seconds(), EventsPerSec: n / el.Seconds(), CPUSecs: cpu.Seconds(),
+					CommitsPerEv:  float64(after.commits-before.commits) / n,
+					StmtsPerEv:    float64(after.stmts-before.stmts) / n,
+					WALBytesPerEv: float64(after.wal-before.wal) / n,
+				}
+				if upd := after.upd - before.upd; upd > 0 {
+					rr.HOTPercent = 100 * float64(after.hot-before.hot) / float64(upd)
+				}
+				c.Runs = append(c.Runs, rr)
+				fmt.Printf("  run %d  %-5s %-9s %-45s %7d ev in %6.2fs = %8.0f ev/s  cpu %.1fs  commits/ev %.3f  HOT %.0f%%\n",
+					r+1, sk.name(), s.kind, s.config, s.rows, el.Seconds(), rr.EventsPerSec, rr.CPUSecs, rr.CommitsPerEv, rr.HOTPercent)
+			}
+		}
+	}
+	for _, k := range order {
+		c := results[k]
+		var v []float64
+		for _, r := range c.Runs {
+			v = append(v, r.EventsPerSec)
+		}
+		slices.Sort(v)
+		c.Median, c.Min, c.Max = median(v), v[0], v[len(v)-1]
+		rep.Configs = append(rep.Configs, c)
+	}
+	rep.Ratios = ratios(rep.Configs)
+	rep.Notes = append(rep.Notes,
+		fmt.Sprintf("R1: %d rows (watermill %d), ~%d B payload, %d events per aggregate round-robin, %d run(s) per configuration; median and min–max", o.rows, o.wmRows, len(payload), eventsPerAggregate, o.runs),
+		"river: best of the stated configurations per sink (by median)",
+		"bare (null sink) publishes nothing; bare (nats) sends the batch as async JetStream publishes and waits once for all acks",
+		"watermill: nats sink only, fewer rows (it is one message at a time)",
+		"process_cpu_seconds covers the whole bench process, the embedded NATS server included")
+	rep.Finished = time.Now().UTC()
+	printTable(rep)
+	if err := os.MkdirAll(dirOf(o.out), 0o755); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	return os.WriteFile(o.out, append(b, '\n'), 0o644)
+}
+
+func median(sorted []float64) float64 {
+	n := len(sorted)
+	if n%2 == 1 {
+		return sorted[n/2]
+	}
+	return (sorted[n/2-1] + sorted[n/2]) / 2
+}
+
+func ratios(cs []*config) []ratio {
+	var out []ratio
+	for _, sink := range []string{"null", "nats"} {
+		var relay, bare, riverBest, wm *config
+		for _, c := range cs {
+			if c.Sink != sink {
+				continue
+			}
+			switch c.System {
+			case "relay":
+				relay = c
+			case "bare":
+				bare = c
+			case "river":
+				if riverBest == nil || c.Median > riverBest.Median {
+					riverBest = c
+				}
+			case "watermill":
+				wm = c
+			}
+		}
+		if relay == nil {
+			continue
+		}
+		add := func(name string, peer *config, goal float64) {
+			if peer == nil {
+				return
+			}
+			r := ratio{Sink: sink, Name: name, Of: relay.Config, Over: peer.System + " " + peer.Config,
+				Median: relay.Median / peer.Median, Low: relay.Min / peer.Max, High: relay.Max / peer.Min, Goal: goal}
+			r.MeetsGoal = goal == 0 || r.Median >= goal
+			out = append(out, r)
+		}
+		add("relay ÷ River best", riverBest, 1.5)
+		add("relay ÷ bare loop", bare, 1.2)
+		add("relay ÷ watermill-sql", wm, 0)
+	}
+	return out
+}
+
+func printTable(rep *report) {
+	fmt.Printf("\nR1 burn-down (%s mode, commit %s, nproc %v, %v)\n", rep.Mode, rep.Commit, rep.Machine["nproc"], rep.Machine["server_version"])
+	if tps, ok := rep.Machine["pgbench_N_tps"]; ok {
+		fmt.Printf("pgbench -N: %.0f TPS; load average at start: %v\n", tps, rep.Machine["loadavg"])
+	}
+	fmt.Printf("\n%-6s %-10s %-48s %5s %10s %21s\n", "sink", "system", "configuration", "runs", "median/s", "min–max/s")
+	for _, c := range rep.Configs {
+		fmt.Printf("%-6s %-10s %-48s %5d %10.0f %10.0f–%-10.0f\n", c.Sink, c.System, c.Config, len(c.Runs), c.Median, c.Min, c.Max)
+	}
+	fmt.Printf("\n%-6s %-24s %8s %15s %6s  %s\n", "sink", "ratio", "median", "range", "goal", "peer")
+	for _, r := range rep.Ratios {
+		goal := "—"
+		if r.Goal > 0 {
+			goal = fmt.Sprintf("%.1f×", r.Goal)
+			if r.MeetsGoal {
+				goal += " ✓"
+			} else {
+				goal += " ✗"
+			}
+		}
+		fmt.Printf("%-6s %-24s %7.2f× %6.2f–%-6.2f %8s  %s\n", r.Sink, r.Name, r.Median, r.Low, r.High, goal, r.Over)
+	}
+	for _, n := range rep.Notes {
+		fmt.Println("note:", n)
+	}
+}
+
+type stats struct{ commits, upd, hot, stmts, wal int64 }
+
+// snapshot reads the database's counters after letting the backends flush
+// their statistics (PostgreSQL 15 flushes at most once a second).
+func snapshot(ctx context.Context, pool *pgxpool.Pool, table string, pgss bool) (stats, error) {
+	time.Sleep(1100 * time.Millisecond)
+	var s stats
+	err := pool.QueryRow(ctx, `
+		SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+		       coalesce((SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = $1), 0),
+		       coalesce((SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = $1), 0),
+		       pg_current_wal_lsn() - '0/0'::pg_lsn`, table).Scan(&s.commits, &s.upd, &s.hot, &s.wal)
+	if err != nil {
+		return s, fmt.Errorf("statistics: %w", err)
+	}
+	if pgss {
+		if err := pool.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&s.stmts); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func machine(ctx context.Context, c *pgx.Conn) (map[string]any, error) {
+	m := map[string]any{"nproc": runtime.NumCPU(), "go": runtime.Version()}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		m["loadavg"] = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		if f := regexp.MustCompile(`MemTotal:\s+(\d+)`).FindSubmatch(b); f != nil {
+			kb, _ := strconv.Atoi(string(f[1]))
+			m["mem_gib"] = float64(kb) / (1 << 20)
+		}
+	}
+	settings := map[string]string{}
+	rows, err := c.Query(ctx, `SELECT name, setting || coalesce(' ' || unit, '') FROM pg_settings WHERE name = ANY($1)`,
+		[]string{"server_version", "shared_buffers", "synchronous_commit", "fsync", "full_page_writes", "wal_level",
+			"max_wal_size", "checkpoint_timeout", "commit_delay", "wal_sync_method", "max_connections", "work_mem",
+			"shared_preload_libraries", "effective_io_concurrency", "random_page_cost"})
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var k, v string
+		if err := rows.Scan(&k, &v); err != nil {
+			return nil, err
+		}
+		settings[k] = v
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	m["server_version"] = "PostgreSQL " + settings["server_version"]
+	m["pg_settings"] = settings
+	fmt.Printf("machine: nproc %d, load %v, %s; shared_buffers %s, synchronous_commit %s, fsync %s, max_wal_size %s\n",
+		runtime.NumCPU(), m["loadavg"], m["server_version"], settings["shared_buffers"], settings["synchronous_commit"], settings["fsync"], settings["max_wal_size"])
+	return m, nil
+}
+
+// pgbench measures the commit ceiling: pgbench -N (one small write
+// transaction per commit, no tellers/branches contention) on a throwaway
+// database.
+func pgbench(ctx context.Context, admin *pgx.Conn, o options, suffix string) (float64, int, error) {
+	if _, err := exec.LookPath("pgbench"); err != nil {
+		return 0, 0, errors.New("pgbench not found: apt-get install -y postgresql-client (or postgresql-contrib); bench/run installs it")
+	}
+	name := "sluicebench_" + suffix + "_pgbench"
+	if _, err := admin.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
+		return 0, 0, err
+	}
+	defer admin.Exec(context.WithoutCancel(ctx), `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`) //nolint:errcheck
+	u := withDB(o.adminURL, name)
+	if out, err := exec.CommandContext(ctx, "pgbench", "-i", "-q", "-s", "10", u).CombinedOutput(); err != nil {
+		return 0, 0, fmt.Errorf("pgbench -i: %w: %s", err, out)
+	}
+	clients := 16
+	out, err := exec.CommandContext(ctx, "pgbench", "-N", "-n", "-c", strconv.Itoa(clients), "-j", "2", "-T", strconv.Itoa(o.pgbenchSecs), u).CombinedOutput()
+	if err != nil {
+		return 0, 0, fmt.Errorf("pgbench -N: %w: %s", err, out)
+	}
+	f := regexp.MustCompile(`tps = ([0-9.]+)`).FindSubmatch(out)
+	if f == nil {
+		return 0, 0, fmt.Errorf("pgbench: no tps in %s", out)
+	}
+	tps, _ := strconv.ParseFloat(string(f[1]), 64)
+	return tps, clients, nil
+}
+
+func withDB(raw, name string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func dirOf(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[:i]
+	}
+	return "."
+}
+
+func randomSuffix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
