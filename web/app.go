@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/pii"
 	"github.com/sluice-dev/sluice/views"
 )
 
@@ -102,6 +103,9 @@ const (
 	DefaultWarnDead          = 1
 	DefaultBulkRecentLogin   = 1000
 	DefaultRecentLogin       = 15 * time.Minute
+	// RevealsPerMinute bounds one user's reveals of personal data: enough
+	// for support reading a case, too few to page through customers.
+	RevealsPerMinute = 10
 )
 
 // Deps are the parts the console is built from.
@@ -123,6 +127,10 @@ type Deps struct {
 	// JobHook, when set, runs in every bulk job chunk's transaction after
 	// the console's own (tests pause or fail chunks with it).
 	JobHook outbox.ChunkHook
+	// Keyring opens sealed personal data for a permitted reveal (PII_KEYS;
+	// nil: the console holds no keys, shows sealed values as sealed and
+	// offers no reveal).
+	Keyring *pii.Keyring
 }
 
 // App is a built console.
@@ -146,6 +154,8 @@ type App struct {
 	roles    *auth.RoleCheck
 	logins   *auth.IPLimiter
 	jobs     *outbox.JobRunner
+	kr       *pii.Keyring
+	reveals  *auth.IPLimiter // reveals per user per minute
 	links    views.Links // which pages exist, so only those are linked
 
 	wsMu   sync.Mutex
@@ -232,6 +242,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		cfg: cfg, pool: deps.Pool, log: deps.Logger, cookies: cookies, reg: deps.Registry,
 		origin: originOf(pub), ln: deps.Listener, mln: deps.MetricsListener, now: deps.Now,
 		wsOpen: map[string]int{}, logins: auth.NewIPLimiter(cfg.LoginRate, time.Minute, deps.Now),
+		kr: deps.Keyring, reveals: auth.NewIPLimiter(RevealsPerMinute, time.Minute, deps.Now),
 	}
 	a.sessions = auth.NewSessions(deps.Pool, cfg.SessionLifetime, cfg.SessionIdle, deps.Now)
 	a.rp, err = auth.NewRP(ctx, auth.RPConfig{

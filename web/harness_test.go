@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/demo/devoidc"
 	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/pii"
 	"github.com/sluice-dev/sluice/web"
 )
 
@@ -60,6 +61,8 @@ type options struct {
 	groupsScopeOnly bool
 	// jobHook runs in every bulk job chunk's transaction (web.Deps.JobHook).
 	jobHook outbox.ChunkHook
+	// keyring lets the console open sealed personal data (web.Deps.Keyring).
+	keyring *pii.Keyring
 }
 
 // start runs the development provider and the real console on port 0.
@@ -107,7 +110,7 @@ func start(t *testing.T, o options) *harness {
 		o.configure(&cfg)
 	}
 	app, err := web.New(ctx, cfg, web.Deps{Pool: pool, Listener: ln, MetricsListener: mln, SnapshotQuerier: counter, Now: o.clock,
-		JobHook: o.jobHook})
+		JobHook: o.jobHook, Keyring: o.keyring})
 	if err != nil {
 		t.Fatal(err)
 	}

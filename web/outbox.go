@@ -148,7 +148,11 @@ func listURL(raw views.OutboxFilterForm, after string) string {
 
 // canAct reports whether the user may act on outbox events: the buttons
 // appear only then (the route's guard checks again).
-func canAct(c echo.Context) bool {
+func canAct(c echo.Context) bool { return may(c, auth.PermOutboxAct) }
+
+// may reports whether the signed-in user has permission p (pages render
+// only the buttons a user may press; the server checks again).
+func may(c echo.Context, p auth.Permission) bool {
 	s := auth.SessionFrom(c)
-	return s != nil && s.Can(auth.PermOutboxAct)
+	return s != nil && s.Can(p)
 }

@@ -8,8 +8,10 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/pii"
 	"github.com/sluice-dev/sluice/views"
 )
 
@@ -60,6 +62,17 @@ func (a *App) eventData(ctx context.Context, c echo.Context, id uuid.UUID) (view
 	if err != nil {
 		return views.EventData{}, err
 	}
-	return views.EventData{E: e, Audit: entries, CanAct: canAct(c),
-		Live: watchURL(mark, e.Status == outbox.StatusPending)}, nil
+	d := views.EventData{E: e, Audit: entries, CanAct: canAct(c),
+		Live: watchURL(mark, e.Status == outbox.StatusPending), MaskedPayload: pii.MaskPayload(e.EventType, e.Payload)}
+	if a.kr != nil {
+		// With the keys, sealed fields show masked ("A*** Y***") instead of
+		// only "[encrypted]", and a permitted user may reveal one.
+		d.MaskedPayload = a.kr.MaskSealedPayload(e.EventType, e.ID.String(), e.Payload)
+		if may(c, auth.PermRevealPII) {
+			for _, f := range pii.SealedFields(e.EventType, e.Payload) {
+				d.Reveal = append(d.Reveal, views.RevealField{TargetType: auditTargetOutbox, TargetID: e.ID.String(), Field: f})
+			}
+		}
+	}
+	return d, nil
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/sluice-dev/sluice/internal/payments"
 	"github.com/sluice-dev/sluice/internal/payments/paymentsapi"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
-	"github.com/sluice-dev/sluice/internal/pii"
 )
 
 func runPaymentsAPI(ctx context.Context, e env, args []string) error {
@@ -25,10 +24,7 @@ func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 	if _, err := configure(e, "payments-api", "The reference payments service: POST /v1/payments (Authorization: Bearer <merchant API key>, Idempotency-Key),\nGET /v1/payments/{operation_id}, /metrics, and the recovery, reconcile and expiry workers.\nMerchants and their keys: `console merchants --help`. Answer codes: docs/payments-api.md.", &c, args, nil); err != nil {
 		return err
 	}
-	kr, err := pii.ParseKeyring(c.PIIKeys, c.PIIBlindIndexKey)
-	if err != nil {
-		return err
-	}
+	kr := c.Keyring // parsed and checked by Validate
 	log := newLogger(e.stderr, c.LogLevel)
 	pcfg, err := pgxpool.ParseConfig(c.DatabaseURL)
 	if err != nil {

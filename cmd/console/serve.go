@@ -38,7 +38,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 		WSPerSession: c.WSPerSession, LoginRate: c.LoginRate, LoginPending: c.LoginPending,
 		WarnOldestPending: c.WarnOldestPending, WarnReconcileAge: c.WarnReconcileAge, WarnDead: int64(c.WarnDead),
 		BulkRecentLoginAbove: c.BulkRecentLogin, RecentLogin: c.RecentLogin,
-	}, web.Deps{Pool: pool, Logger: log})
+	}, web.Deps{Pool: pool, Logger: log, Keyring: c.Keyring})
 	if err != nil {
 		return err
 	}

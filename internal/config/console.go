@@ -13,6 +13,7 @@ import (
 // Console is the configuration of `console serve`.
 type Console struct {
 	Common
+	PIIKeys // optional: with them, a permitted user may reveal one sealed field (audited)
 	Addr              string
 	PublicURL         string
 	MetricsAddr       string
@@ -43,6 +44,7 @@ type Console struct {
 // live.New and auth.NewRP apply to zero fields.
 func (c *Console) Register(f *Flags) {
 	c.Common.register(f)
+	c.PIIKeys.register(f)
 	f.String(&c.Addr, "addr", "CONSOLE_ADDR", DefaultConsoleAddr, "console listen address")
 	f.String(&c.PublicURL, "public-url", "CONSOLE_PUBLIC_URL", "http://"+DefaultConsoleAddr, "external URL: the OIDC redirect URI and the websocket Origin allowlist derive from it")
 	f.String(&c.MetricsAddr, "metrics-addr", "METRICS_ADDR", "", "separate listener for /metrics (empty: served on CONSOLE_ADDR)")
@@ -79,6 +81,7 @@ func (c *Console) Scopes() []string {
 func (c *Console) Validate() error {
 	var ck Check
 	c.Common.check(&ck)
+	c.PIIKeys.check(&ck, false)
 	ck.Required("CONSOLE_ADDR", c.Addr)
 	ck.Addr("CONSOLE_ADDR", c.Addr)
 	ck.Addr("METRICS_ADDR", c.MetricsAddr)

@@ -17,7 +17,7 @@ type validator interface {
 func TestFirstValidationErrorIsAlwaysTheSame(t *testing.T) {
 	t.Parallel()
 	zeroDurations := map[string]string{
-		"DATABASE_URL": "postgres://u@127.0.0.1/db", "PII_KEYS": "k1:AAAA", "PII_BLIND_INDEX_KEY": "AAAA",
+		"DATABASE_URL": "postgres://u@127.0.0.1/db", "PII_KEYS": testPIIKeys, "PII_BLIND_INDEX_KEY": testBlindKey,
 		"PROVIDER_TIMEOUT": "0s", "PAYMENTS_LEASE": "0s", "PAYMENTS_RETRY_WINDOW": "0s",
 		"PAYMENTS_RECOVERY_INTERVAL": "0s", "PAYMENTS_RECONCILE_INTERVAL": "0s", "PAYMENTS_INQUIRY_BACKOFF": "0s",
 		"PAYMENTS_INQUIRY_BACKOFF_MAX": "0s", "PAYMENTS_EXPIRY_INTERVAL": "0s",

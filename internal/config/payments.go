@@ -19,14 +19,13 @@ const defaultPaymentsPoolSize = 32
 // service and its recovery, reconcile and expiry workers.
 type PaymentsAPI struct {
 	Common
-	Addr              string
-	Hosts             string // PAYMENTS_API_HOSTS: extra Host names clients use, comma-separated
-	MetricsAddr       string
-	PoolSize          int
-	ProviderURL       string
-	ProviderTimeout   time.Duration
-	PIIKeys           string
-	PIIBlindIndexKey  string
+	Addr            string
+	Hosts           string // PAYMENTS_API_HOSTS: extra Host names clients use, comma-separated
+	MetricsAddr     string
+	PoolSize        int
+	ProviderURL     string
+	ProviderTimeout time.Duration
+	PIIKeys
 	Topic             string
 	Lease             time.Duration
 	RetryWindow       time.Duration
@@ -46,8 +45,7 @@ func (c *PaymentsAPI) Register(f *Flags) {
 	f.Int(&c.PoolSize, "db-pool-size", "PAYMENTS_DB_POOL_SIZE", defaultPaymentsPoolSize, "most database connections the service opens (each request in flight holds one for a few short statements)")
 	f.String(&c.ProviderURL, "provider-url", "PROVIDER_URL", "http://"+DefaultProviderSimAddr, "base URL of the payment provider (e.g. `console provider-sim`)")
 	f.Duration(&c.ProviderTimeout, "provider-timeout", "PROVIDER_TIMEOUT", provider.DefaultTimeout, "give up on one provider call after this long (the outcome becomes unknown)")
-	f.String(&c.PIIKeys, "pii-keys", "PII_KEYS", "", "keyring id:base64key,...; the first encrypts, all decrypt")
-	f.String(&c.PIIBlindIndexKey, "pii-blind-index-key", "PII_BLIND_INDEX_KEY", "", "base64 HMAC key (≥ 32 bytes) for blind indexes")
+	c.PIIKeys.register(f)
 	f.String(&c.Topic, "topic", "PAYMENTS_TOPIC", payments.DefaultTopic, "outbox topic of payment.* events")
 	f.Duration(&c.Lease, "lease", "PAYMENTS_LEASE", payments.DefaultLease, "processing lease of a key; recovery takes over after it (must exceed PROVIDER_TIMEOUT)")
 	f.Duration(&c.RetryWindow, "retry-window", "PAYMENTS_RETRY_WINDOW", payments.DefaultRetryWindow, "how long an Idempotency-Key is remembered")
@@ -80,8 +78,7 @@ func (c *PaymentsAPI) Validate() error {
 	}
 	ck.Required("PROVIDER_URL", c.ProviderURL)
 	ck.URL("PROVIDER_URL", c.ProviderURL, "http", "https")
-	ck.Required("PII_KEYS", c.PIIKeys)
-	ck.Required("PII_BLIND_INDEX_KEY", c.PIIBlindIndexKey)
+	c.PIIKeys.check(&ck, true)
 	ck.Required("PAYMENTS_TOPIC", c.Topic)
 	// In flag order, never over a map: the first problem reported must not
 	// depend on map iteration order.

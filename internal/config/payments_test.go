@@ -8,7 +8,7 @@ import (
 
 func TestPaymentsAPIConfig(t *testing.T) {
 	t.Parallel()
-	base := map[string]string{"DATABASE_URL": "postgres://u@127.0.0.1/db", "PII_KEYS": "k1:AAAA", "PII_BLIND_INDEX_KEY": "AAAA"}
+	base := map[string]string{"DATABASE_URL": "postgres://u@127.0.0.1/db", "PII_KEYS": testPIIKeys, "PII_BLIND_INDEX_KEY": testBlindKey}
 	parse := func(env map[string]string, args ...string) (PaymentsAPI, error) {
 		var c PaymentsAPI
 		f := NewFlags("payments-api", "", MapLookup(env), io.Discard)

@@ -13,20 +13,46 @@ const defaultPIIBatch = 500
 // first key encrypts; PII_BLIND_INDEX_KEY) and the database whose payment
 // customers and outbox payloads are rotated or counted.
 type PII struct {
-	DatabaseURL   string
+	DatabaseURL string
+	PIIKeys
+	Batch  int
+	DryRun bool
+}
+
+// PIIKeys is the personal-data keyring: PII_KEYS (the first key encrypts,
+// all decrypt) and PII_BLIND_INDEX_KEY. Keyring is parsed by the
+// subcommand's Validate; messages never carry key material.
+type PIIKeys struct {
 	Keys          string
 	BlindIndexKey string
-	Batch         int
-	DryRun        bool
+	Keyring       *pii.Keyring
+}
 
-	Keyring *pii.Keyring // parsed by Validate
+func (k *PIIKeys) register(f *Flags) {
+	f.String(&k.Keys, "pii-keys", "PII_KEYS", "", "keyring id:base64key,...; the first encrypts, all decrypt")
+	f.String(&k.BlindIndexKey, "pii-blind-index-key", "PII_BLIND_INDEX_KEY", "", "base64 HMAC key (≥ 32 bytes) for blind indexes")
+}
+
+// check parses the keyring. required: both settings must be there;
+// otherwise both or neither (a console without keys reveals nothing).
+func (k *PIIKeys) check(ck *Check, required bool) {
+	if required || k.Keys != "" || k.BlindIndexKey != "" {
+		ck.Required("PII_KEYS", k.Keys)
+		ck.Required("PII_BLIND_INDEX_KEY", k.BlindIndexKey)
+	}
+	if k.Keys != "" && k.BlindIndexKey != "" {
+		kr, err := pii.ParseKeyring(k.Keys, k.BlindIndexKey)
+		if err != nil {
+			ck.Add(err)
+		}
+		k.Keyring = kr
+	}
 }
 
 // Register adds the flags. --dry-run is per invocation: no environment twin.
 func (c *PII) Register(f *Flags) {
 	registerDatabaseURL(f, &c.DatabaseURL, "PostgreSQL ≥ 15 connection URL")
-	f.String(&c.Keys, "pii-keys", "PII_KEYS", "", "keyring id:base64key,...; the first encrypts, all decrypt")
-	f.String(&c.BlindIndexKey, "pii-blind-index-key", "PII_BLIND_INDEX_KEY", "", "base64 HMAC key (≥ 32 bytes) for blind indexes")
+	c.PIIKeys.register(f)
 	f.Int(&c.Batch, "batch", "PII_ROTATE_BATCH", defaultPIIBatch, "rows per transaction")
 	f.Bool(&c.DryRun, "dry-run", "", false, "rotate: count what would be rewritten and change nothing")
 }
@@ -36,17 +62,9 @@ func (c *PII) Register(f *Flags) {
 func (c *PII) Validate() error {
 	var ck Check
 	ck.DatabaseURL("DATABASE_URL", c.DatabaseURL)
-	ck.Required("PII_KEYS", c.Keys)
-	ck.Required("PII_BLIND_INDEX_KEY", c.BlindIndexKey)
+	c.PIIKeys.check(&ck, true)
 	if c.Batch < 1 || c.Batch > db.MaxDeleteBatch {
 		ck.Failf("PII_ROTATE_BATCH must be between 1 and %d (got %d)", db.MaxDeleteBatch, c.Batch)
-	}
-	if c.Keys != "" && c.BlindIndexKey != "" {
-		kr, err := pii.ParseKeyring(c.Keys, c.BlindIndexKey)
-		if err != nil {
-			ck.Add(err)
-		}
-		c.Keyring = kr
 	}
 	return ck.Err()
 }

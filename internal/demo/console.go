@@ -57,7 +57,9 @@ func (d *Demo) startConsole(ctx context.Context) (string, error) {
 	}, web.Deps{Pool: d.pool, Logger: d.log, Listener: ln,
 		// One process, one /metrics: the console serves what the relays,
 		// the consumer and the payments service registered too.
-		Registry: d.reg})
+		Registry: d.reg,
+		// The demo's keys, so an operator can try a reveal (with a reason).
+		Keyring: d.payments.kr})
 	if err != nil {
 		ln.Close()
 		return "", err

@@ -40,6 +40,7 @@ const (
 )
 
 type paymentsPart struct {
+	kr       *pii.Keyring // the demo's generated keys; the console reveals with them too
 	pool     db.RowQuerier
 	sim      *provider.Simulator
 	svc      *payments.Service
@@ -61,7 +62,7 @@ func (d *Demo) startPayments(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p := &paymentsPart{pool: d.pool}
+	p := &paymentsPart{pool: d.pool, kr: kr}
 	d.payments = p
 	faults := demoFaults
 	faults.Logger = d.log

@@ -382,3 +382,20 @@ func encode(v any, escapeHTML bool) ([]byte, error) {
 func (kr *Keyring) PayloadMarkers() (anyEnvelope, current string) {
 	return `"enc:v`, `"` + envelopeV2 + kr.primary + ":"
 }
+
+// SealedFields lists the paths of the sealed values in a payload (sorted),
+// for a screen that offers to reveal them one at a time. A payload that is
+// not a JSON object has none.
+func SealedFields(eventType string, payload []byte) []string {
+	obj, err := decodeObject(payload)
+	if err != nil {
+		return nil
+	}
+	schema, _ := EventSchema(eventType)
+	var paths []string
+	_ = walkEnvelopes(schema, obj, "", func(path, env string) (any, error) {
+		paths = append(paths, path)
+		return env, nil
+	})
+	return paths
+}

@@ -405,3 +405,27 @@ func TestResealLegacyPayloadAndCensus(t *testing.T) {
 		t.Fatalf("census without the old key: %+v", c)
 	}
 }
+
+func TestSealedFieldsListsWhatASealerSealed(t *testing.T) {
+	t.Parallel()
+	keys, blind, err := pii.GenerateSpec("k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kr, err := pii.ParseKeyring(keys, blind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := []byte(`{"operation_id":"op","amount":"1.00","customer":{"name":"Ada Lovelace","email":"ada@example.com"}}`)
+	sealed, err := pii.SealPayload(kr, "payment.requested.v1", "ev-1", payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := pii.SealedFields("payment.requested.v1", sealed)
+	if strings.Join(got, ",") != "customer.email,customer.name" {
+		t.Fatalf("sealed fields %v, want customer.email and customer.name", got)
+	}
+	if n := len(pii.SealedFields("payment.requested.v1", payload)); n != 0 {
+		t.Fatalf("a clear payload lists %d sealed fields", n)
+	}
+}
