@@ -156,7 +156,7 @@ type App struct {
 	jobs     *outbox.JobRunner
 	kr       *pii.Keyring
 	reveals  *auth.IPLimiter // reveals per user per minute
-	links    views.Links // which pages exist, so only those are linked
+	links    views.Links     // which pages exist, so only those are linked
 
 	wsMu   sync.Mutex
 	wsOpen map[string]int // open websockets per session hash

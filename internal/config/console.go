@@ -13,7 +13,7 @@ import (
 // Console is the configuration of `console serve`.
 type Console struct {
 	Common
-	PIIKeys // optional: with them, a permitted user may reveal one sealed field (audited)
+	PIIKeys           // optional: with them, a permitted user may reveal one sealed field (audited)
 	Addr              string
 	PublicURL         string
 	MetricsAddr       string
