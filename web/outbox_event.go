@@ -8,6 +8,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/views"
@@ -60,6 +61,7 @@ func (a *App) eventData(ctx context.Context, c echo.Context, id uuid.UUID) (view
 	if err != nil {
 		return views.EventData{}, err
 	}
-	return views.EventData{E: e, Audit: entries, CanAct: canAct(c),
+	sess := auth.SessionFrom(c)
+	return views.EventData{E: e, Audit: entries, CanAct: canAct(c), CanAudit: a.links.Audit && sess != nil && sess.Can(auth.PermAudit),
 		Live: watchURL(mark, e.Status == outbox.StatusPending)}, nil
 }
