@@ -109,20 +109,11 @@ func (a *App) auditList(c echo.Context) error {
 // chainStatus reads what the audit pages say about the chain.
 func (a *App) chainStatus(ctx context.Context, c echo.Context) (views.AuditChainStatus, error) {
 	s := views.AuditChainStatus{CanVerify: auth.SessionFrom(c).Can(auth.PermAudit), CSRFToken: auth.SessionFrom(c).CSRFToken()}
-	latest, ok, err := audit.LatestVerification(ctx, a.pool)
+	st, err := audit.ReadChainStatus(ctx, a.pool)
 	if err != nil {
 		return s, err
 	}
-	if ok {
-		s.Latest = &latest
-	}
-	last, ok, err := audit.LatestFinishedVerification(ctx, a.pool)
-	if err != nil {
-		return s, err
-	}
-	if ok {
-		s.LastVerified = &last
-	}
+	s.Latest, s.LastVerified = st.Latest, st.LastVerified
 	s.Notice = verifyNotice(c.QueryParam("verify"))
 	return s, nil
 }
