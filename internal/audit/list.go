@@ -185,22 +185,11 @@ func List(ctx context.Context, q db.Querier, f Filter, p Page) (ListPage, error)
 			return ListPage{}, err
 		}
 	}
-	args := pgx.NamedArgs{"limit": limit + 1}
-	where, err := f.where(ctx, q, args)
+	sql, args, err := listSQL(ctx, q, f, p.After != "", after, limit)
 	if err != nil {
 		return ListPage{}, err
 	}
-	if p.After != "" {
-		where += "\n\t   AND e.seq < @after"
-		args["after"] = after
-	}
-	rows, err := q.Query(ctx, `
-	SELECT e.seq, e.occurred_at, e.actor_sub, e.actor_name, e.actor_roles, e.action, e.target_type, e.target_id,
-	       left(e.reason, `+fmt.Sprint(listReasonChars)+`), e.outcome, e.error_code
-	  FROM audit_event e
-	 WHERE `+where+`
-	 ORDER BY e.seq DESC
-	 LIMIT @limit`, args)
+	rows, err := q.Query(ctx, sql, args)
 	if err != nil {
 		return ListPage{}, fmt.Errorf("audit: list: %w", err)
 	}
@@ -219,6 +208,26 @@ func List(ctx context.Context, q db.Querier, f Filter, p Page) (ListPage, error)
 		page.Next = encodeCursor(f, page.Rows[limit-1].Seq)
 	}
 	return page, nil
+}
+
+// listSQL is List's statement (and the plan test's).
+func listSQL(ctx context.Context, q db.Querier, f Filter, paged bool, after int64, limit int) (string, pgx.NamedArgs, error) {
+	args := pgx.NamedArgs{"limit": limit + 1}
+	where, err := f.where(ctx, q, args)
+	if err != nil {
+		return "", nil, err
+	}
+	if paged {
+		where += "\n\t   AND e.seq < @after"
+		args["after"] = after
+	}
+	return `
+	SELECT e.seq, e.occurred_at, e.actor_sub, e.actor_name, e.actor_roles, e.action, e.target_type, e.target_id,
+	       left(e.reason, ` + fmt.Sprint(listReasonChars) + `), e.outcome, e.error_code
+	  FROM audit_event e
+	 WHERE ` + where + `
+	 ORDER BY e.seq DESC
+	 LIMIT @limit`, args, nil
 }
 
 const cursorVersion = 1
