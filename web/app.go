@@ -131,6 +131,9 @@ type Deps struct {
 	// nil: the console holds no keys, shows sealed values as sealed and
 	// offers no reveal).
 	Keyring *pii.Keyring
+	// VerifyEvery is how many rows a console chain verification walks
+	// between progress updates (0: audit.VerifyEvery).
+	VerifyEvery int64
 }
 
 // App is a built console.
@@ -156,6 +159,7 @@ type App struct {
 	jobs     *outbox.JobRunner
 	kr       *pii.Keyring
 	reveals  *auth.IPLimiter // reveals per user per minute
+	verifier *verifier       // chain verifications asked for from the console (audit_verify.go)
 	links    views.Links     // which pages exist, so only those are linked
 
 	wsMu   sync.Mutex
@@ -272,6 +276,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if a.jobs, err = a.newJobRunner(deps.JobHook); err != nil {
 		return nil, err
 	}
+	a.verifier = newVerifier(deps.Pool, deps.Logger, deps.VerifyEvery, a.feed.Poke)
 	a.roles = &auth.RoleCheck{RP: a.rp, Every: cfg.RoleRecheck, Now: deps.Now, Ended: func(hash string) {
 		a.feed.CloseSession(hash)
 		a.metrics.actions.WithLabelValues("auth.role_recheck", "denied").Inc()
@@ -353,8 +358,9 @@ func (a *App) Run(ctx context.Context) error {
 	if mln != nil {
 		serve(mln, a.onlyKnownMethods(a.bodyDeadline(a.metricsOnly())))
 	}
-	a.wg.Add(3)
+	a.wg.Add(4)
 	go func() { defer a.wg.Done(); _ = a.feed.Run(ctx) }()
+	go func() { defer a.wg.Done(); a.verifier.Run(ctx) }()
 	go func() { defer a.wg.Done(); _ = a.jobs.Run(ctx) }()
 	go func() { defer a.wg.Done(); a.purgeLoop(ctx) }()
 	a.log.Info("console listening", "addr", ln.Addr().String(), "public_url", a.cfg.PublicURL)

@@ -122,12 +122,11 @@ func TestBrowserLoginLiveDashboardAndLogout(t *testing.T) {
 	tctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 
-	// No audit page exists yet, so no role sees its link (the link comes
-	// back with the page).
+	// The audit pages are for auditors and admins: only they see the link.
 	for _, c := range []struct {
 		user, role string
 		audit      bool
-	}{{"support", "viewer", false}, {"oncall", "operator", false}, {"auditor", "auditor", false}, {"admin", "admin", false}} {
+	}{{"support", "viewer", false}, {"oncall", "operator", false}, {"auditor", "auditor", true}, {"admin", "admin", true}} {
 		browserLogin(tctx, t, h, c.user)
 		if got := text(tctx, t, `[data-testid="role"]`); !strings.EqualFold(got, c.role) {
 			t.Errorf("%s: role %q, want %q", c.user, got, c.role)

@@ -47,5 +47,12 @@ func (a *App) renderLive(s live.Snapshot, hist []live.Snapshot) ([]live.Fragment
 		}
 		out = append(out, live.Fragment{Page: live.PageJobs, ID: views.JobLiveID(j.ID), HTML: buf.Bytes()})
 	}
+	// The audit pages: the chain's verification state (no per-user part).
+	var buf bytes.Buffer
+	chain := views.AuditChainStatus{Latest: s.Chain.Latest, LastVerified: s.Chain.LastVerified}
+	if err := views.AuditChainState(chain, true).Render(context.Background(), &buf); err != nil {
+		return nil, err
+	}
+	out = append(out, live.Fragment{Page: live.PageAudit, ID: views.AuditChainStateID, HTML: buf.Bytes()})
 	return out, nil
 }

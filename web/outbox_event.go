@@ -62,7 +62,7 @@ func (a *App) eventData(ctx context.Context, c echo.Context, id uuid.UUID) (view
 	if err != nil {
 		return views.EventData{}, err
 	}
-	d := views.EventData{E: e, Audit: entries, CanAct: canAct(c),
+	d := views.EventData{E: e, Audit: entries, CanAct: canAct(c), CanAudit: a.links.Audit && may(c, auth.PermAudit),
 		Live: watchURL(mark, e.Status == outbox.StatusPending), MaskedPayload: pii.MaskPayload(e.EventType, e.Payload)}
 	if a.kr != nil {
 		// With the keys, sealed fields show masked ("A*** Y***") instead of

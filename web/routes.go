@@ -50,6 +50,11 @@ func (a *App) routes() []route {
 		{http.MethodGet, "/jobs", page(auth.PermOutboxAct), a.jobsPage},
 		{http.MethodGet, "/jobs/:id", page(auth.PermOutboxAct), a.jobPage},
 		{http.MethodPost, "/jobs/:id/cancel", api(auth.PermOutboxAct), a.cancelJob},
+		// The audit trail: list, row, streamed export, chain verification (audit*.go).
+		{http.MethodGet, "/audit", page(auth.PermAudit), a.auditList},
+		{http.MethodGet, "/audit/export", api(auth.PermAudit), a.auditExport},
+		{http.MethodGet, "/audit/:seq", page(auth.PermAudit), a.auditEntry},
+		{http.MethodPost, "/audit/verify", api(auth.PermAudit), a.auditVerify},
 	}
 	if !a.separateMetrics() {
 		rs = append(rs, route{http.MethodGet, "/metrics", public, echo.WrapHandler(a.metricsHandler())})

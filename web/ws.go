@@ -47,8 +47,12 @@ func (a *App) ws(c echo.Context) error {
 	page := c.QueryParam("page")
 	switch page {
 	case live.PageDashboard:
-	case live.PageJobs:
-		if !sess.Can(auth.PermOutboxAct) {
+	case live.PageJobs, live.PageAudit:
+		need := auth.PermOutboxAct
+		if page == live.PageAudit {
+			need = auth.PermAudit
+		}
+		if !sess.Can(need) {
 			if err := auth.RecordDenied(req.Context(), a.pool, sess, requestMeta(c), "GET /ws", "permission"); err != nil {
 				return err
 			}

@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice/internal/db"
 )
 
 // RecomputeChain rewrites prev_hash and hash of every row in seq order so
@@ -35,4 +37,9 @@ func RecomputeChain(ctx context.Context, tx pgx.Tx) error {
 		prev = h
 	}
 	return nil
+}
+
+// ListSQL is List's statement for a plan test.
+func ListSQL(ctx context.Context, q db.Querier, f Filter, after int64) (string, pgx.NamedArgs, error) {
+	return listSQL(ctx, q, f, after > 0, after, 50)
 }

@@ -30,6 +30,17 @@ func (r VerifyResult) Intact() bool { return r.FirstBroken == 0 }
 // whose hash does not match its contents (an edited row). It streams the
 // table, so memory stays flat whatever its size.
 func Verify(ctx context.Context, q Querier) (VerifyResult, error) {
+	return VerifyProgress(ctx, q, 0, nil)
+}
+
+// Progress is called by VerifyProgress as it walks: rows checked so far and
+// the last seq checked. An error stops the walk.
+type Progress func(checked, seq int64) error
+
+// VerifyProgress is Verify calling progress after every `every` rows (never
+// when every <= 0 or progress is nil), so a long walk can report and be
+// stopped (the console's verification job).
+func VerifyProgress(ctx context.Context, q Querier, every int64, progress Progress) (VerifyResult, error) {
 	rows, err := q.Query(ctx, `SELECT `+rowColumns+` FROM audit_event ORDER BY seq`)
 	if err != nil {
 		return VerifyResult{}, fmt.Errorf("audit: verify: %w", err)
@@ -54,6 +65,11 @@ func Verify(ctx context.Context, q Querier) (VerifyResult, error) {
 		}
 		prev = hash
 		res.HeadSeq, res.HeadHash = r.Seq, hash
+		if progress != nil && every > 0 && res.Checked%every == 0 {
+			if err := progress(res.Checked, r.Seq); err != nil {
+				return VerifyResult{}, fmt.Errorf("audit: verify: %w", err)
+			}
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return VerifyResult{}, fmt.Errorf("audit: verify: %w", err)

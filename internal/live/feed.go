@@ -27,6 +27,7 @@ type Fragment struct {
 const (
 	PageDashboard = ""
 	PageJobs      = "jobs"
+	PageAudit     = "audit" // the audit pages: the chain's verification state
 )
 
 // RenderFunc renders the dashboard's live fragments (out-of-band swaps) for
@@ -206,6 +207,7 @@ func (f *Feed) Step(ctx context.Context) error {
 	// lists thousands of times, memory that grows with the number of topics.
 	point := s
 	point.Backlog, point.RecentDead, point.RecentUnknown, point.Jobs = nil, nil, nil, nil
+	point.Chain.Latest, point.Chain.LastVerified = nil, nil
 	f.ring = append(f.ring, point)
 	cut := 0
 	for cut < len(f.ring) && s.At.Sub(f.ring[cut].At) > f.cfg.History {

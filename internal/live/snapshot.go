@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sluice-dev/sluice/internal/audit"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/inbox"
 	"github.com/sluice-dev/sluice/internal/outbox"
@@ -44,6 +45,7 @@ type Snapshot struct {
 	RecentUnknown    []UnknownPayment
 	Consumers        []inbox.ConsumerStats // per consumer: applied, duplicates absorbed, stale dropped
 	Jobs             []JobProgress         // unfinished bulk jobs and the newest few, newest first
+	Chain            audit.ChainStatus     // the audit chain's latest verifications
 }
 
 // JobProgress is a bulk job's progress (internal/outbox owns it).
@@ -75,6 +77,7 @@ type snapshotReads struct {
 	payments  payments.HealthRead
 	inbox     inbox.ConsumersRead
 	jobs      outbox.JobsRead
+	chain     audit.ChainStatusRead
 }
 
 func newSnapshotReads(since time.Time) *snapshotReads {
@@ -87,7 +90,7 @@ func newSnapshotReads(since time.Time) *snapshotReads {
 }
 
 func (r *snapshotReads) all() []db.Read {
-	return []db.Read{&r.backlog, &r.published, &r.dead, &r.held, &r.payments, &r.inbox, &r.jobs}
+	return []db.Read{&r.backlog, &r.published, &r.dead, &r.held, &r.payments, &r.inbox, &r.jobs, &r.chain}
 }
 
 // SnapshotQuery is the statement ReadSnapshot runs for a previous snapshot
@@ -115,7 +118,7 @@ func ReadSnapshot(ctx context.Context, q Querier, prev time.Time) (Snapshot, err
 		Dead: b.Dead, Held: r.held.Held, Published: r.published.Count, Unknown: h.Unknown, ReconcileAge: h.ReconcileAge,
 		StuckProcessing: h.StuckProcessing, Discrepancies: h.Discrepancies,
 		RecentDead: r.dead.Events, RecentUnknown: h.RecentUnknown, Consumers: r.inbox.Consumers,
-		Jobs: r.jobs.Jobs,
+		Jobs: r.jobs.Jobs, Chain: r.chain.Status,
 	}
 	if elapsed := s.At.Sub(since).Seconds(); elapsed > 0 {
 		s.PublishedPerSec = float64(s.Published) / elapsed
