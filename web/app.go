@@ -164,7 +164,7 @@ type App struct {
 	roles    *auth.RoleCheck
 	logins   *auth.IPLimiter
 	jobs     *outbox.JobRunner
-	links    views.Links // which pages exist, so only those are linked
+	links    views.Links       // which pages exist, so only those are linked
 	inquirer *payments.Service // nil: no provider configured
 
 	wsMu   sync.Mutex
