@@ -194,7 +194,7 @@ func segmentSQL(f Filter, status Status, after *cursor, limit int) (string, pgx.
 			where += " AND (p.unknown_since, p.operation_id) > (@c_at, @c_op)"
 			args["c_at"], args["c_op"] = after.at, after.op
 		}
-		return `SELECT ` + qualifiedPaymentCols + ` FROM payment p WHERE ` + where +
+		return `SELECT ` + paymentCols + ` FROM payment p WHERE ` + where +
 			` ORDER BY p.unknown_since, p.operation_id LIMIT @limit`, args
 	}
 	where += " AND p.status = '" + string(status) + "'"
@@ -204,24 +204,10 @@ func segmentSQL(f Filter, status Status, after *cursor, limit int) (string, pgx.
 		where += " AND p.created_at <= @c_at AND (p.created_at < @c_at OR p.operation_id > @c_op)"
 		args["c_at"], args["c_op"] = after.at, after.op
 	}
-	return `SELECT ` + qualifiedPaymentCols + ` FROM payment p WHERE ` + where +
+	return `SELECT ` + paymentCols + ` FROM payment p WHERE ` + where +
 		` ORDER BY p.created_at DESC, p.operation_id LIMIT @limit`, args
 }
 
-var qualifiedPaymentCols = func() string {
-	cols := strings.Split(paymentCols, ",")
-	for i, c := range cols {
-		c = strings.TrimSpace(c)
-		switch {
-		case strings.HasPrefix(c, "coalesce("):
-			c = "coalesce(p." + strings.TrimPrefix(c, "coalesce(")
-		default:
-			c = "p." + c
-		}
-		cols[i] = c
-	}
-	return strings.Join(cols, ", ")
-}()
 
 type cursor struct {
 	segment int
