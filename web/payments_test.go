@@ -438,7 +438,7 @@ func TestPaymentPagesShowPartsAndNoCanaryAndInertText(t *testing.T) {
 	}
 	d := doc(t, pages["/payments/"+op.String()])
 	for _, id := range []string{"payment", "record", "reservation", "ledger", "events", "approvals", "audit", "customer"} {
-		if d.Find(`[data-testid="` + id + `"]`).Length() == 0 {
+		if d.Find(`[data-testid="`+id+`"]`).Length() == 0 {
 			t.Errorf("the detail page has no %s part", id)
 		}
 	}

@@ -208,7 +208,6 @@ func segmentSQL(f Filter, status Status, after *cursor, limit int) (string, pgx.
 		` ORDER BY p.created_at DESC, p.operation_id LIMIT @limit`, args
 }
 
-
 type cursor struct {
 	segment int
 	at      time.Time
