@@ -603,3 +603,46 @@ func (h *harness) postMultipart(t *testing.T, b *browser, body io.Reader, ctype 
 	resp.Body.Close()
 	return resp, string(data)
 }
+
+// Inquire with a provider: the answer is recorded on the payment and
+// audited; a definite answer resolves the payment as the reconcile worker
+// would.
+func TestInquireRecordsTheAnswerAndResolvesWhenDefinite(t *testing.T) {
+	t.Parallel()
+	sim := provider.NewSimulator(provider.SimConfig{})
+	if err := sim.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	h := start(t, options{configure: func(c *web.Config) { c.ProviderURL = sim.URL() }})
+	b, token := h.signedIn(t, "oncall")
+	op, acc := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "33.00"})
+	if resp, _ := h.postForm(t, b, "/payments/"+op.String()+"/inquire", url.Values{"csrf_token": {token}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("inquire: %d", resp.StatusCode)
+	}
+	p, err := payments.Get(context.Background(), h.pool, op)
+	if err != nil || p.Status != payments.StatusUnknown || p.LastInquiryAnswer != "not_found" || p.LastInquiryAt == nil {
+		t.Fatalf("after a not_found answer: %+v %v", p, err)
+	}
+	_, list := b.get(t, h.base+"/payments?status=unknown", "text/html")
+	if got := doc(t, list).Find(`[data-testid="last-inquiry"]`).Text(); !strings.Contains(got, "provider has no such charge") {
+		t.Errorf("the list says %q about the last inquiry", got)
+	}
+	// The provider charged it after all.
+	if _, err := provider.NewClient(sim.URL(), 5*time.Second).Charge(context.Background(), provider.ChargeRequest{OperationID: op, Amount: p.Amount, Currency: p.Currency}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := h.postForm(t, b, "/payments/"+op.String()+"/inquire", url.Values{"csrf_token": {token}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("inquire: %d", resp.StatusCode)
+	}
+	if e := h.effectsOf(t, op); e.status != "completed" || e.ledger != 1 || e.completed != 1 {
+		t.Fatalf("after a succeeded answer: %+v", e)
+	}
+	paymentstest.CheckBooks(t, h.pool, acc)
+	if n := h.countAudit(t, `action = 'payments.inquire' AND outcome = 'ok' AND target_id = $1`, op.String()); n != 2 {
+		t.Errorf("%d inquire audit rows, want 2", n)
+	}
+	if n := h.countAudit(t, `action = 'payments.inquire' AND target_id = $1 AND after->>'status' = 'completed' AND after->>'answer' = 'succeeded' AND before->>'status' = 'unknown'`, op.String()); n != 1 {
+		t.Errorf("the resolving inquiry's audit row lacks its before/after (%d)", n)
+	}
+}
