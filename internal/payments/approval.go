@@ -183,16 +183,8 @@ func collectApprovals(rows pgx.Rows, err error) ([]Approval, error) {
 	if err != nil {
 		return nil, fmt.Errorf("payments: approvals: %w", err)
 	}
-	defer rows.Close()
-	var out []Approval
-	for rows.Next() {
-		a, err := scanApproval(rows)
-		if err != nil {
-			return nil, fmt.Errorf("payments: approvals: %w", err)
-		}
-		out = append(out, a)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Approval, error) { return scanApproval(r) })
+	if err != nil {
 		return nil, fmt.Errorf("payments: approvals: %w", err)
 	}
 	return out, nil

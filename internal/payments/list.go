@@ -264,7 +264,7 @@ type Total struct {
 // CountExactBelow (reading at most that many rows plus one), above that the
 // planner's estimate (EXPLAIN, nothing read), flagged Estimate.
 func CountPayments(ctx context.Context, q db.Querier, f Filter) (Total, error) {
-	args := pgx.NamedArgs{"cap": CountExactBelow + 1}
+	args := pgx.NamedArgs{}
 	where, err := f.where(args)
 	if err != nil {
 		return Total{}, err
@@ -272,25 +272,9 @@ func CountPayments(ctx context.Context, q db.Querier, f Filter) (Total, error) {
 	if f.Status != "" {
 		where += " AND p.status = '" + string(f.Status) + "'"
 	}
-	var n int64
-	if err := q.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM payment p WHERE `+where+` LIMIT @cap) s`, args).Scan(&n); err != nil {
-		return Total{}, fmt.Errorf("payments: count: %w", err)
+	n, est, err := db.CountOrEstimate(ctx, q, `payment p WHERE `+where, args, CountExactBelow)
+	if err != nil {
+		return Total{}, fmt.Errorf("payments: %w", err)
 	}
-	if n <= CountExactBelow {
-		return Total{N: n}, nil
-	}
-	delete(args, "cap")
-	var plan []byte
-	if err := q.QueryRow(ctx, `EXPLAIN (FORMAT JSON) SELECT 1 FROM payment p WHERE `+where, args).Scan(&plan); err != nil {
-		return Total{}, fmt.Errorf("payments: estimate count: %w", err)
-	}
-	var explained []struct {
-		Plan struct {
-			Rows float64 `json:"Plan Rows"`
-		} `json:"Plan"`
-	}
-	if err := json.Unmarshal(plan, &explained); err != nil || len(explained) == 0 {
-		return Total{}, fmt.Errorf("payments: estimate count: unreadable plan: %v", err)
-	}
-	return Total{N: max(int64(explained[0].Plan.Rows), CountExactBelow+1), Estimate: true}, nil
+	return Total{N: n, Estimate: est}, nil
 }
