@@ -22,11 +22,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/shopspring/decimal"
 
 	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/payments/provider"
 	"github.com/sluice-dev/sluice/internal/pii"
 	"github.com/sluice-dev/sluice/views"
 )
@@ -82,6 +85,20 @@ type Config struct {
 	// older than RecentLogin (CONSOLE_RECENT_LOGIN, default 15m).
 	BulkRecentLoginAbove int
 	RecentLogin          time.Duration
+	// FourEyesAbove (CONSOLE_FOUR_EYES_ABOVE, default DefaultFourEyesAbove)
+	// is the amount above which an operator's resolve is a request that a
+	// different operator approves. Resolve and approve also need a sign-in
+	// no older than RecentLogin.
+	FourEyesAbove decimal.Decimal
+	// ProviderURL (PROVIDER_URL) is the payment provider the "inquire"
+	// action asks, each call bounded by ProviderTimeout (PROVIDER_TIMEOUT,
+	// default provider.DefaultTimeout). Empty: no inquire button, and the
+	// route answers 503.
+	ProviderURL     string
+	ProviderTimeout time.Duration
+	// PaymentsTopic is the outbox topic of payment.* events a resolution
+	// writes (default payments.DefaultTopic).
+	PaymentsTopic string
 }
 
 // Defaults of Config, applied to zero fields by New; `console serve` shows
@@ -103,6 +120,7 @@ const (
 	DefaultWarnDead          = 1
 	DefaultBulkRecentLogin   = 1000
 	DefaultRecentLogin       = 15 * time.Minute
+	DefaultFourEyesAbove     = "10000.00"
 	// RevealsPerMinute bounds one user's reveals of personal data: enough
 	// for support reading a case, too few to page through customers.
 	RevealsPerMinute = 10
@@ -158,9 +176,10 @@ type App struct {
 	logins   *auth.IPLimiter
 	jobs     *outbox.JobRunner
 	kr       *pii.Keyring
-	reveals  *auth.IPLimiter // reveals per user per minute
-	verifier *verifier       // chain verifications asked for from the console (audit_verify.go)
-	links    views.Links     // which pages exist, so only those are linked
+	reveals  *auth.IPLimiter   // reveals per user per minute
+	verifier *verifier         // chain verifications asked for from the console (audit_verify.go)
+	inquirer *payments.Service // nil: no provider configured
+	links    views.Links       // which pages exist, so only those are linked
 
 	wsMu   sync.Mutex
 	wsOpen map[string]int // open websockets per session hash
@@ -225,6 +244,15 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if cfg.RecentLogin <= 0 {
 		cfg.RecentLogin = DefaultRecentLogin
 	}
+	if !cfg.FourEyesAbove.IsPositive() {
+		cfg.FourEyesAbove = decimal.RequireFromString(DefaultFourEyesAbove)
+	}
+	if cfg.ProviderTimeout <= 0 {
+		cfg.ProviderTimeout = provider.DefaultTimeout
+	}
+	if cfg.PaymentsTopic == "" {
+		cfg.PaymentsTopic = payments.DefaultTopic
+	}
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
@@ -286,11 +314,18 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		Denied:   func(reason string) { a.metrics.actions.WithLabelValues("request", "denied").Inc() },
 		Refusals: auth.NewRefusals(deps.Pool, deps.Now, func(reason string) { a.metrics.refusals.WithLabelValues(reason).Inc() }),
 	}
+	if cfg.ProviderURL != "" {
+		a.inquirer, err = payments.NewInquirer(deps.Pool, provider.NewClient(cfg.ProviderURL, cfg.ProviderTimeout),
+			payments.Config{Topic: cfg.PaymentsTopic}, deps.Logger, nil)
+		if err != nil {
+			return nil, err
+		}
+	}
 	a.e = a.newEcho()
 	a.links = views.Links{
 		Outbox: a.serves("/outbox"), OutboxEvent: a.serves("/outbox/x"), Payment: a.serves("/payments/x"),
 		Payments: a.serves("/payments"), Inbox: a.serves("/inbox"), Audit: a.serves("/audit"),
-		Jobs: a.serves("/jobs"),
+		Jobs: a.serves("/jobs"), Approvals: a.serves("/approvals"),
 	}
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(a.crossOriginDenied))
@@ -446,7 +481,11 @@ func (a *App) newEcho() *echo.Echo {
 	e.Use(requestID)
 	e.Use(a.securityHeaders)
 	e.Use(a.metrics.middleware)
-	e.Use(middleware.BodyLimit(a.cfg.BodyLimit))
+	// A settlement file may be larger than any form: its route alone gets
+	// maxSettlementUpload (plus the multipart envelope).
+	e.Use(middleware.BodyLimitWithConfig(middleware.BodyLimitConfig{Limit: a.cfg.BodyLimit, Skipper: isSettlementUpload}))
+	e.Use(middleware.BodyLimitWithConfig(middleware.BodyLimitConfig{Limit: settlementBodyLimit,
+		Skipper: func(c echo.Context) bool { return !isSettlementUpload(c) }}))
 	for _, r := range a.routes() {
 		e.Add(r.method, r.path, r.handler, a.guard.Require(r.access))
 	}

@@ -17,9 +17,6 @@ import (
 	"github.com/sluice-dev/sluice/views"
 )
 
-// auditTargetPayment is the audit trail's target type of a payment.
-const auditTargetPayment = "payment"
-
 // auditForm is GET /audit's (and the export's) query, parsed: the filter,
 // the page, and the raw values for the form and the links.
 type auditForm struct {

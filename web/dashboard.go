@@ -41,6 +41,9 @@ func (a *App) page(c echo.Context, title, active string) views.Page {
 			}
 		}
 	}
+	if sess.Can(auth.PermPaymentsAct) && a.links.Approvals {
+		p.Nav = append(p.Nav, views.NavItem{Href: "/approvals", Label: "Approvals", Key: "r", TestID: "nav-approvals"})
+	}
 	if sess.Can(auth.PermOutboxAct) && a.links.Jobs {
 		p.Nav = append(p.Nav, views.NavItem{Href: "/jobs", Label: "Jobs", Key: "j", TestID: "nav-jobs"})
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/payments"
 	"github.com/sluice-dev/sluice/views"
 )
 
@@ -60,11 +61,15 @@ func statusOf(err error) int {
 		return he.Code
 	case errors.As(err, &pe):
 		return pe.status
-	case errors.Is(err, ErrNotFound), errors.Is(err, outbox.ErrNotFound):
+	case errors.Is(err, ErrNotFound), errors.Is(err, outbox.ErrNotFound), errors.Is(err, payments.ErrNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, ErrConflict), errors.Is(err, outbox.ErrConflict):
+	case errors.Is(err, ErrConflict), errors.Is(err, outbox.ErrConflict), errors.Is(err, payments.ErrNotUnknown),
+		errors.Is(err, payments.ErrApprovalPending), errors.Is(err, payments.ErrNotPending):
 		return http.StatusConflict
-	case errors.Is(err, outbox.ErrInvalidFilter), errors.Is(err, outbox.ErrInvalidCursor):
+	case errors.Is(err, payments.ErrSelfApproval):
+		return http.StatusForbidden
+	case errors.Is(err, outbox.ErrInvalidFilter), errors.Is(err, outbox.ErrInvalidCursor),
+		errors.Is(err, payments.ErrInvalidFilter), errors.Is(err, payments.ErrInvalidCursor):
 		return http.StatusBadRequest
 	case errors.Is(err, outbox.ErrInvalidAction):
 		return http.StatusUnprocessableEntity

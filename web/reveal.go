@@ -38,7 +38,7 @@ type revealForm struct {
 
 func parseRevealForm(c echo.Context) (revealForm, error) {
 	f := revealForm{targetType: c.FormValue("target_type"), field: c.FormValue("field"), reason: strings.TrimSpace(c.FormValue("reason"))}
-	if f.targetType != auditTargetOutbox && f.targetType != payments.CustomerTable {
+	if f.targetType != auditTargetOutbox && f.targetType != auditTargetPayment {
 		return f, badRequest("A reveal names an outbox event or a payment.")
 	}
 	id, err := uuid.Parse(c.FormValue("target_id"))
@@ -119,7 +119,7 @@ var errNoSuchField = errors.New("no such field")
 // openField reads the one field: a sealed value is opened (a missing key
 // gives pii.Undecryptable), a clear one is returned as stored.
 func (a *App) openField(ctx context.Context, tx pgx.Tx, f revealForm) (string, error) {
-	if f.targetType == payments.CustomerTable {
+	if f.targetType == auditTargetPayment {
 		p, err := payments.Get(ctx, tx, f.id)
 		if err != nil {
 			return "", err

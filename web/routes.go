@@ -55,6 +55,17 @@ func (a *App) routes() []route {
 		{http.MethodGet, "/audit/export", api(auth.PermAudit), a.auditExport},
 		{http.MethodGet, "/audit/:seq", page(auth.PermAudit), a.auditEntry},
 		{http.MethodPost, "/audit/verify", api(auth.PermAudit), a.auditVerify},
+		// Payments: list, detail, inquire, resolve, four eyes, settlement
+		// files (payments*.go, approvals.go, settlements.go).
+		{http.MethodGet, "/payments", page(auth.PermView), a.paymentList},
+		{http.MethodGet, "/payments/settlements", page(auth.PermPaymentsAct), a.settlementForm},
+		{http.MethodPost, "/payments/settlements", api(auth.PermPaymentsAct), a.settlementUpload},
+		{http.MethodGet, "/payments/:op", page(auth.PermView), a.paymentPage},
+		{http.MethodPost, "/payments/:op/inquire", api(auth.PermPaymentsAct), a.inquirePayment},
+		{http.MethodPost, "/payments/:op/resolve", api(auth.PermPaymentsAct), a.resolvePayment},
+		{http.MethodGet, "/approvals", page(auth.PermPaymentsAct), a.approvalsPage},
+		{http.MethodPost, "/approvals/:id/approve", api(auth.PermPaymentsAct), a.decideApproval(true)},
+		{http.MethodPost, "/approvals/:id/reject", api(auth.PermPaymentsAct), a.decideApproval(false)},
 	}
 	if !a.separateMetrics() {
 		rs = append(rs, route{http.MethodGet, "/metrics", public, echo.WrapHandler(a.metricsHandler())})

@@ -44,13 +44,14 @@ func TestEachDemoUserSignsInAndSeesTheirNavigation(t *testing.T) {
 			t.Errorf("%s: user %q", user, got)
 		}
 		// Only pages that exist and the role may see are in the
-		// navigation: the dashboard, the outbox and the inbox, and the
-		// jobs for those who may act.
+		// navigation: the dashboard, the outbox, the payments and the
+		// inbox, and the approvals and jobs for those who may act.
 		var nav []string
 		d.Find(`[data-testid="nav"] a`).Each(func(_ int, s *goquery.Selection) { nav = append(nav, s.AttrOr("data-testid", "")) })
-		want := map[string]string{"oncall": "nav-dashboard,nav-outbox,nav-inbox,nav-jobs", "admin": "nav-dashboard,nav-outbox,nav-inbox,nav-jobs"}[user]
+		want := map[string]string{"oncall": "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-approvals,nav-jobs",
+			"admin": "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-approvals,nav-jobs"}[user]
 		if want == "" {
-			want = "nav-dashboard,nav-outbox,nav-inbox"
+			want = "nav-dashboard,nav-outbox,nav-payments,nav-inbox"
 		}
 		if strings.Join(nav, ",") != want {
 			t.Errorf("%s: navigation %v, want %s", user, nav, want)

@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"sort"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice/internal/audit"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/payments"
@@ -43,8 +47,18 @@ func runPayments(ctx context.Context, e env, args []string) error {
 	if c.DryRun {
 		fmt.Fprintln(e.stdout, "dry run: nothing is changed")
 	}
+	actor := c.Actor
+	if actor == "" {
+		actor = osActor()
+	}
+	// Each settled payment gets its audit row in its line's transaction,
+	// as from the console: the file's hash and who applied it.
+	base := audit.Event{ActorIss: "cli", ActorSub: actor, ActorName: actor, ActorRoles: []string{"cli"}}
 	sum, err := payments.ApplySettlement(ctx, pool, in, payments.SettlementOptions{
 		Source: source, Topic: c.Topic, DryRun: c.DryRun,
+		OnLine: func(ctx context.Context, tx pgx.Tx, l payments.SettlementLine) error {
+			return payments.AuditSettledLine(ctx, tx, base, l)
+		},
 		Report: func(l payments.SettlementLine) {
 			fmt.Fprintf(e.stdout, "line %d\t%s\t%s\t%s\t%s\n", l.Line, l.Result, l.OperationID, l.Outcome, l.Message)
 		},
@@ -82,4 +96,17 @@ func runPayments(ctx context.Context, e env, args []string) error {
 		return fmt.Errorf("%d charge(s) at the provider with no payment of ours, %d discrepancy(ies) with our records: see the lines above", n, d)
 	}
 	return nil
+}
+
+// osActor names the command line's user: OS user@host.
+func osActor() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	return name + "@" + host
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,8 +80,20 @@ func TestPaymentsReconcileFile(t *testing.T) {
 		t.Fatalf("after reconcile: %s", s)
 	}
 	applied := state()
-	if code, out, _ := runConsole(t, envs, "payments", "reconcile", "--file", good); code != 0 || !strings.Contains(out, "agreed 1") || state() != applied {
+	if code, out, _ := runConsole(t, envs, "payments", "reconcile", "--file", good, "--actor", "ops-bot"); code != 0 || !strings.Contains(out, "agreed 1") || state() != applied {
 		t.Fatalf("second application: code %d %s %s", code, out, state())
+	}
+	// One audit row for the settled payment, naming the file's hash and
+	// the OS user@host (the second application settled nothing).
+	sum := sha256.Sum256([]byte("\xef\xbb\xbfoperation_id,outcome,provider_ref\n" + op.String() + ",succeeded,ref-9\n"))
+	var n int
+	var actor string
+	if err := pool.QueryRow(ctx, `SELECT count(*), coalesce(max(actor_name), '') FROM audit_event WHERE action = 'payments.settle' AND target_type = 'payment'
+		AND target_id = $1 AND outcome = 'ok' AND evidence = $2`, op.String(), "settlement sha256:"+hex.EncodeToString(sum[:])+" line 2").Scan(&n, &actor); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || !strings.Contains(actor, "@") {
+		t.Fatalf("%d settle audit rows naming the hash, actor %q; want 1 by user@host", n, actor)
 	}
 
 	stranger := write("stranger.csv", uuid.NewString()+",succeeded\n")

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/shopspring/decimal"
+
 	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
@@ -38,6 +40,8 @@ func runServe(ctx context.Context, e env, args []string) error {
 		WSPerSession: c.WSPerSession, LoginRate: c.LoginRate, LoginPending: c.LoginPending,
 		WarnOldestPending: c.WarnOldestPending, WarnReconcileAge: c.WarnReconcileAge, WarnDead: int64(c.WarnDead),
 		BulkRecentLoginAbove: c.BulkRecentLogin, RecentLogin: c.RecentLogin,
+		FourEyesAbove: decimal.RequireFromString(c.FourEyesAbove), // validated
+		ProviderURL:   c.ProviderURL, ProviderTimeout: c.ProviderTimeout,
 	}, web.Deps{Pool: pool, Logger: log, Keyring: c.Keyring})
 	if err != nil {
 		return err

@@ -278,7 +278,7 @@ func Count(ctx context.Context, q db.Querier, f Filter) (Total, error) {
 	if err != nil {
 		return Total{}, err
 	}
-	n, estimate, err := db.CountUpTo(ctx, q, `audit_event e WHERE `+where, args, CountExactBelow)
+	n, estimate, err := db.CountOrEstimate(ctx, q, `audit_event e WHERE `+where, args, CountExactBelow)
 	if err != nil {
 		return Total{}, fmt.Errorf("audit: count: %w", err)
 	}

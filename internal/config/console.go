@@ -5,8 +5,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shopspring/decimal"
+
 	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/internal/payments/provider"
 	"github.com/sluice-dev/sluice/web"
 )
 
@@ -38,6 +41,9 @@ type Console struct {
 	WarnDead          int
 	BulkRecentLogin   int
 	RecentLogin       time.Duration
+	FourEyesAbove     string // a decimal amount
+	ProviderURL       string // empty: no inquiries from the console
+	ProviderTimeout   time.Duration
 }
 
 // Register adds the console's flags; their defaults are the ones web.New,
@@ -68,6 +74,9 @@ func (c *Console) Register(f *Flags) {
 	f.Duration(&c.WarnReconcileAge, "warn-reconcile-age", "CONSOLE_WARN_RECONCILE_AGE", web.DefaultWarnReconcileAge, "the dashboard flags the oldest unknown payment from this age")
 	f.Int(&c.WarnDead, "warn-dead", "CONSOLE_WARN_DEAD", web.DefaultWarnDead, "the dashboard flags dead letters from this many")
 	f.Int(&c.BulkRecentLogin, "bulk-recent-login-above", "CONSOLE_BULK_RECENT_LOGIN_ABOVE", web.DefaultBulkRecentLogin, "a bulk action matching more events than this needs a recent sign-in (CONSOLE_RECENT_LOGIN)")
+	f.String(&c.FourEyesAbove, "four-eyes-above", "CONSOLE_FOUR_EYES_ABOVE", web.DefaultFourEyesAbove, "resolving an unknown payment above this amount needs a second operator's approval")
+	f.String(&c.ProviderURL, "provider-url", "PROVIDER_URL", "", "payment provider the console's inquire action asks (empty: no inquire action)")
+	f.Duration(&c.ProviderTimeout, "provider-timeout", "PROVIDER_TIMEOUT", provider.DefaultTimeout, "give up on one provider inquiry after this long")
 	f.Duration(&c.RecentLogin, "recent-login", "CONSOLE_RECENT_LOGIN", web.DefaultRecentLogin, "how old a sign-in may be for actions that need a recent one; older: sign in again")
 }
 
@@ -119,6 +128,13 @@ func (c *Console) Validate() error {
 	ck.Positive("CONSOLE_WARN_DEAD", c.WarnDead)
 	ck.Positive("CONSOLE_BULK_RECENT_LOGIN_ABOVE", c.BulkRecentLogin)
 	ck.PositiveDuration("CONSOLE_RECENT_LOGIN", c.RecentLogin)
+	if d, err := decimal.NewFromString(c.FourEyesAbove); err != nil || !d.IsPositive() {
+		ck.Failf("CONSOLE_FOUR_EYES_ABOVE: %q is not a positive amount (write 5000.00)", c.FourEyesAbove)
+	}
+	if c.ProviderURL != "" {
+		ck.URL("PROVIDER_URL", c.ProviderURL, "http", "https")
+	}
+	ck.PositiveDuration("PROVIDER_TIMEOUT", c.ProviderTimeout)
 	return ck.Err()
 }
 

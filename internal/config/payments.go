@@ -171,10 +171,12 @@ type PaymentsReconcile struct {
 	File        string
 	Topic       string
 	DryRun      bool
+	Actor       string // who applies the file, for the audit rows (empty: the OS user and host)
 }
 
 // Register adds the flags.
 func (c *PaymentsReconcile) Register(f *Flags) {
+	f.String(&c.Actor, "actor", "PAYMENTS_SETTLEMENT_ACTOR", "", "who applies the file, named in each settled payment's audit row (default: OS user@host)")
 	registerDatabaseURL(f, &c.DatabaseURL, "PostgreSQL ≥ 15 connection URL")
 	f.String(&c.File, "file", "PAYMENTS_SETTLEMENT_FILE", "", "provider settlement file: CSV operation_id,outcome[,provider_ref] (outcome succeeded|failed); - for stdin")
 	f.String(&c.Topic, "topic", "PAYMENTS_TOPIC", payments.DefaultTopic, "outbox topic of payment.* events")

@@ -8,10 +8,16 @@ import (
 	"net"
 	"strings"
 
+	"github.com/shopspring/decimal"
+
 	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/demo/devoidc"
 	"github.com/sluice-dev/sluice/web"
 )
+
+// demoFourEyesAbove is CONSOLE_FOUR_EYES_ABOVE in the demo: about half the
+// workload's payments exceed it.
+var demoFourEyesAbove = decimal.New(250, 0)
 
 // startConsole starts the development OpenID Provider (loopback only) and
 // the console signed in through it, with the demo users' groups mapped to
@@ -54,6 +60,11 @@ func (d *Demo) startConsole(ctx context.Context) (string, error) {
 		OIDCClientSecret: clientSecret,
 		RolesClaim:       devoidc.RolesClaim,
 		RoleMap:          roles,
+		// Demo payments are 1..500: resolving one above 250 needs a second
+		// operator, so both paths can be tried.
+		FourEyesAbove:   demoFourEyesAbove,
+		ProviderURL:     d.payments.sim.URL(),
+		ProviderTimeout: demoProviderTimeout,
 	}, web.Deps{Pool: d.pool, Logger: d.log, Listener: ln,
 		// One process, one /metrics: the console serves what the relays,
 		// the consumer and the payments service registered too.

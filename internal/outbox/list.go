@@ -386,32 +386,16 @@ type Total struct {
 // nothing read), never less than CountExactBelow+1, flagged Estimate. Tens
 // of millions of rows are never counted for a page header.
 func Count(ctx context.Context, q db.Querier, f Filter) (Total, error) {
-	args := pgx.NamedArgs{"cap": CountExactBelow + 1}
+	args := pgx.NamedArgs{}
 	where, err := f.where(args)
 	if err != nil {
 		return Total{}, err
 	}
-	var n int64
-	if err := q.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox_event e WHERE `+where+` LIMIT @cap) s`, args).Scan(&n); err != nil {
-		return Total{}, fmt.Errorf("outbox: count: %w", err)
+	n, est, err := db.CountOrEstimate(ctx, q, `outbox_event e WHERE `+where, args, CountExactBelow)
+	if err != nil {
+		return Total{}, fmt.Errorf("outbox: %w", err)
 	}
-	if n <= CountExactBelow {
-		return Total{N: n}, nil
-	}
-	delete(args, "cap")
-	var plan []byte
-	if err := q.QueryRow(ctx, `EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox_event e WHERE `+where, args).Scan(&plan); err != nil {
-		return Total{}, fmt.Errorf("outbox: estimate count: %w", err)
-	}
-	var explained []struct {
-		Plan struct {
-			Rows float64 `json:"Plan Rows"`
-		} `json:"Plan"`
-	}
-	if err := json.Unmarshal(plan, &explained); err != nil || len(explained) == 0 {
-		return Total{}, fmt.Errorf("outbox: estimate count: unreadable plan: %v", err)
-	}
-	return Total{N: max(int64(explained[0].Plan.Rows), CountExactBelow+1), Estimate: true}, nil
+	return Total{N: n, Estimate: est}, nil
 }
 
 // EventDetail is everything the console shows about one event.

@@ -137,3 +137,16 @@ func ListOpenDiscrepancies(ctx context.Context, q db.Querier, limit int) ([]Disc
 	}
 	return out, nil
 }
+
+// OpenDiscrepanciesOf returns a payment's open discrepancy (at most one,
+// payment_discrepancy_open_op_idx), as a list for the console's page.
+func OpenDiscrepanciesOf(ctx context.Context, q db.Querier, op uuid.UUID) ([]Discrepancy, error) {
+	d, err := scanDiscrepancy(q.QueryRow(ctx, `SELECT `+discrepancyCols+` FROM payment_discrepancy WHERE operation_id = $1 AND resolved_at IS NULL`, op))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("payments: open discrepancy of %s: %w", op, err)
+	}
+	return []Discrepancy{d}, nil
+}

@@ -99,10 +99,14 @@ type Payment struct {
 	UnknownSince    *time.Time
 	NextInquiryAt   *time.Time
 	InquiryAttempts int
-	ResolvedAt      *time.Time
-	ResolvedBy      string
-	CreatedAt       time.Time
-	UpdatedAt       time.Time
+	// LastInquiryAt and LastInquiryAnswer are the provider's latest answer
+	// to an inquiry (an outcome word, or AnswerNone when it did not answer).
+	LastInquiryAt     *time.Time
+	LastInquiryAnswer string
+	ResolvedAt        *time.Time
+	ResolvedBy        string
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
 }
 
 // Record is an idempotency record.

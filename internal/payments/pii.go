@@ -26,8 +26,9 @@ func CustomerPlace(op uuid.UUID) pii.Place {
 // ErrInvalidSearch reports a customer search that cannot be run.
 var ErrInvalidSearch = errors.New("payments: invalid customer search")
 
-// Page is one step of a keyset walk: the rows after After, at most Limit.
-type Page struct {
+// SearchPage is one step of a customer search's keyset walk: the rows
+// after After, at most Limit.
+type SearchPage struct {
 	After uuid.UUID // zero: from the start
 	Limit int       // 0: DefaultPageLimit; at most MaxPageLimit
 }
@@ -51,7 +52,7 @@ var searchColumns = map[string]string{
 // dots dropped from a tax id) and looked up by its blind index, in
 // operation id order from page.After. The caller audits the search with
 // kr.SearchHash, never with the typed value or the blind index.
-func FindByCustomer(ctx context.Context, q db.Querier, kr *pii.Keyring, field, typed string, page Page) ([]Payment, error) {
+func FindByCustomer(ctx context.Context, q db.Querier, kr *pii.Keyring, field, typed string, page SearchPage) ([]Payment, error) {
 	col, ok := searchColumns[field]
 	if !ok {
 		return nil, fmt.Errorf("%w: field must be %s or %s", ErrInvalidSearch, pii.FieldEmail, pii.FieldTaxID)

@@ -18,7 +18,7 @@ import (
 
 func search(t *testing.T, e *env, field, typed string) []uuid.UUID {
 	t.Helper()
-	found, err := FindByCustomer(context.Background(), e.pool, e.kr, field, typed, Page{})
+	found, err := FindByCustomer(context.Background(), e.pool, e.kr, field, typed, SearchPage{})
 	if err != nil {
 		t.Fatalf("FindByCustomer(%s, %q): %v", field, typed, err)
 	}
@@ -82,19 +82,19 @@ func TestFindByCustomer(t *testing.T) {
 	}
 	// Keyset pages: one at a time, in operation id order, none twice.
 	ctx := context.Background()
-	first, err := FindByCustomer(ctx, e.pool, e.kr, pii.FieldEmail, "ayse@example.com", Page{Limit: 1})
+	first, err := FindByCustomer(ctx, e.pool, e.kr, pii.FieldEmail, "ayse@example.com", SearchPage{Limit: 1})
 	if err != nil || len(first) != 1 {
 		t.Fatalf("first page: %v %v", first, err)
 	}
-	second, err := FindByCustomer(ctx, e.pool, e.kr, pii.FieldEmail, "ayse@example.com", Page{After: first[0].OperationID, Limit: 1})
+	second, err := FindByCustomer(ctx, e.pool, e.kr, pii.FieldEmail, "ayse@example.com", SearchPage{After: first[0].OperationID, Limit: 1})
 	if err != nil || len(second) != 1 || second[0].OperationID == first[0].OperationID {
 		t.Fatalf("second page: %v %v", second, err)
 	}
-	if rest, _ := FindByCustomer(ctx, e.pool, e.kr, pii.FieldEmail, "ayse@example.com", Page{After: second[0].OperationID}); len(rest) != 0 {
+	if rest, _ := FindByCustomer(ctx, e.pool, e.kr, pii.FieldEmail, "ayse@example.com", SearchPage{After: second[0].OperationID}); len(rest) != 0 {
 		t.Fatalf("third page: %v", rest)
 	}
 	for _, bad := range [][2]string{{"name", "Ayşe"}, {pii.FieldEmail, "  "}, {pii.FieldTaxID, " - "}, {"customer_email_bidx = customer_email_bidx OR true --", "x"}} {
-		if _, err := FindByCustomer(ctx, e.pool, e.kr, bad[0], bad[1], Page{}); !errors.Is(err, ErrInvalidSearch) {
+		if _, err := FindByCustomer(ctx, e.pool, e.kr, bad[0], bad[1], SearchPage{}); !errors.Is(err, ErrInvalidSearch) {
 			t.Errorf("search %q %q: err = %v, want ErrInvalidSearch", bad[0], bad[1], err)
 		}
 	}
@@ -203,7 +203,7 @@ func TestRotateCustomersStoppedHalfwayResumes(t *testing.T) {
 				t.Fatalf("%s %s after rotation = %q, %v; want %q", op, f, got, err, v)
 			}
 		}
-		found, err := FindByCustomer(ctx, pool, kr, pii.FieldTaxID, clear["tax_id"], Page{})
+		found, err := FindByCustomer(ctx, pool, kr, pii.FieldTaxID, clear["tax_id"], SearchPage{})
 		if err != nil || len(found) == 0 {
 			t.Fatalf("tax id index of %s not filled: %v", op, err)
 		}

@@ -195,6 +195,7 @@ type SettlementLine struct {
 	Outcome     Outcome
 	Result      string
 	Message     string
+	FileSHA256  string // of the whole file: the evidence's identity
 }
 
 // SettlementSummary counts the lines by result.
@@ -208,6 +209,11 @@ type SettlementOptions struct {
 	Report func(SettlementLine) // called once per line, in order
 	DryRun bool                 // read only: report what applying would do, change nothing
 	Poker  Poker                // poked after each line that committed an outbox event (nil: none)
+	// OnLine, when set, runs in each applied line's transaction after the
+	// line's change (never in a dry run): what it writes (an audit row
+	// naming the file and who applied it) commits with the line or not at
+	// all, and its error rolls the line back and stops the file.
+	OnLine func(ctx context.Context, tx pgx.Tx, l SettlementLine) error
 }
 
 // ApplySettlement reads a provider settlement file whole (ParseSettlement)
@@ -232,7 +238,7 @@ func ApplySettlement(ctx context.Context, b DB, r io.Reader, o SettlementOptions
 		}
 		var l SettlementLine
 		if o.DryRun {
-			l, err = planLine(ctx, b, e)
+			l, err = planLine(ctx, b, f, e)
 		} else {
 			l, err = applyLine(ctx, b, f, e, o)
 		}
@@ -272,8 +278,8 @@ func classify(l *SettlementLine, cur Payment, want Status) {
 }
 
 // planLine is the dry run of applyLine: reads only.
-func planLine(ctx context.Context, q db.RowQuerier, e SettlementEntry) (SettlementLine, error) {
-	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome}
+func planLine(ctx context.Context, q db.RowQuerier, f SettlementFile, e SettlementEntry) (SettlementLine, error) {
+	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome, FileSHA256: f.SHA256}
 	cur, err := Get(ctx, q, e.OperationID)
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -301,7 +307,7 @@ func planLine(ctx context.Context, q db.RowQuerier, e SettlementEntry) (Settleme
 }
 
 func applyLine(ctx context.Context, b DB, f SettlementFile, e SettlementEntry, o SettlementOptions) (SettlementLine, error) {
-	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome}
+	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome, FileSHA256: f.SHA256}
 	var now *time.Time
 	if o.Now != nil {
 		t := o.Now().UTC().Truncate(time.Microsecond)
@@ -312,37 +318,48 @@ func applyLine(ctx context.Context, b DB, f SettlementFile, e SettlementEntry, o
 		resolveNow = *now
 	}
 	err := db.WithTx(ctx, b, func(tx pgx.Tx) error {
-		l.Result, l.Message = "", ""
-		p, err := Resolve(ctx, tx, e.OperationID, e.Outcome, ResolveOptions{ProviderRef: e.ProviderRef, ResolvedBy: "settlement:" + o.Source, Topic: o.Topic, Now: resolveNow})
-		switch {
-		case err == nil:
-			l.Result, l.Message = LineResolved, "unknown → "+string(p.Status)
-			return nil
-		case errors.Is(err, ErrNotFound):
-			l.Result, l.Message = LineNotFound, "no payment with this operation_id: money moved at the provider without a payment of ours"
-			return nil
-		case !errors.Is(err, ErrNotUnknown):
+		if err := applyEntry(ctx, tx, f, e, o, now, resolveNow, &l); err != nil {
 			return err
 		}
-		// Locked until the line commits, so the status classified is the
-		// status the discrepancy is filed against.
-		cur, err := getForUpdate(ctx, tx, e.OperationID)
-		if err != nil {
-			return fmt.Errorf("payments: lock %s: %w", e.OperationID, err)
-		}
-		classify(&l, cur, statusOf(e.Outcome))
-		if l.Result != LineDiscrepancy {
-			return nil
-		}
-		created, err := recordDiscrepancy(ctx, tx, Discrepancy{OperationID: e.OperationID, RecordedStatus: cur.Status, ProviderOutcome: e.Outcome,
-			Source: DiscrepancySettlement, Evidence: fmt.Sprintf("settlement %s sha256:%s line %d", o.Source, f.SHA256, e.Line), ProviderRef: e.ProviderRef}, now)
-		if err != nil {
-			return err
-		}
-		if !created {
-			l.Message += " (already open)"
+		if o.OnLine != nil {
+			return o.OnLine(ctx, tx, l)
 		}
 		return nil
 	})
 	return l, err
+}
+
+// applyEntry applies one line in tx and says what it did in l.
+func applyEntry(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEntry, o SettlementOptions, now *time.Time, resolveNow time.Time, l *SettlementLine) error {
+	l.Result, l.Message = "", ""
+	p, err := Resolve(ctx, tx, e.OperationID, e.Outcome, ResolveOptions{ProviderRef: e.ProviderRef, ResolvedBy: "settlement:" + o.Source, Topic: o.Topic, Now: resolveNow})
+	switch {
+	case err == nil:
+		l.Result, l.Message = LineResolved, "unknown → "+string(p.Status)
+		return nil
+	case errors.Is(err, ErrNotFound):
+		l.Result, l.Message = LineNotFound, "no payment with this operation_id: money moved at the provider without a payment of ours"
+		return nil
+	case !errors.Is(err, ErrNotUnknown):
+		return err
+	}
+	// Locked until the line commits, so the status classified is the
+	// status the discrepancy is filed against.
+	cur, err := getForUpdate(ctx, tx, e.OperationID)
+	if err != nil {
+		return fmt.Errorf("payments: lock %s: %w", e.OperationID, err)
+	}
+	classify(l, cur, statusOf(e.Outcome))
+	if l.Result != LineDiscrepancy {
+		return nil
+	}
+	created, err := recordDiscrepancy(ctx, tx, Discrepancy{OperationID: e.OperationID, RecordedStatus: cur.Status, ProviderOutcome: e.Outcome,
+		Source: DiscrepancySettlement, Evidence: fmt.Sprintf("settlement %s sha256:%s line %d", o.Source, f.SHA256, e.Line), ProviderRef: e.ProviderRef}, now)
+	if err != nil {
+		return err
+	}
+	if !created {
+		l.Message += " (already open)"
+	}
+	return nil
 }

@@ -52,7 +52,8 @@ func RecordByOperation(ctx context.Context, q db.RowQuerier, op uuid.UUID) (Reco
 
 const paymentCols = `operation_id, merchant_id, invoice_id, payment_type, account_id, amount::text, currency,
 	customer, status, coalesce(provider_ref, ''), coalesce(failure_code, ''), unknown_since, next_inquiry_at,
-	inquiry_attempts, resolved_at, coalesce(resolved_by, ''), created_at, updated_at, attempt`
+	inquiry_attempts, resolved_at, coalesce(resolved_by, ''), created_at, updated_at, attempt,
+	last_inquiry_at, coalesce(last_inquiry_answer, '')`
 
 func scanPayment(row pgx.Row) (Payment, error) {
 	var p Payment
@@ -60,7 +61,8 @@ func scanPayment(row pgx.Row) (Payment, error) {
 	var customer []byte
 	err := row.Scan(&p.OperationID, &p.MerchantID, &p.InvoiceID, &p.PaymentType, &p.AccountID, &amount, &p.Currency,
 		&customer, &status, &p.ProviderRef, &p.FailureCode, &p.UnknownSince, &p.NextInquiryAt,
-		&p.InquiryAttempts, &p.ResolvedAt, &p.ResolvedBy, &p.CreatedAt, &p.UpdatedAt, &p.Attempt)
+		&p.InquiryAttempts, &p.ResolvedAt, &p.ResolvedBy, &p.CreatedAt, &p.UpdatedAt, &p.Attempt,
+		&p.LastInquiryAt, &p.LastInquiryAnswer)
 	if err != nil {
 		return Payment{}, notFound(err)
 	}

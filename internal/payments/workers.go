@@ -243,12 +243,17 @@ func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, err
 	}
 	rep := InquiryReport{OperationID: op, Status: p.Status}
 	res, ierr := s.inquire(ctx, p)
+	answer := AnswerNone
 	if ierr != nil {
 		rep.Error = ierr.Error()
 	} else {
 		rep.Answer = res.Outcome
+		answer = string(res.Outcome)
 	}
 	if p.Status == StatusCompleted || p.Status == StatusFailed {
+		if err := noteInquiry(ctx, s.pool, op, answer, s.nowArg()); err != nil {
+			return rep, err
+		}
 		return rep, s.inquiredFinal(ctx, p, res, ierr, &rep)
 	}
 	if p.Status != StatusUnknown {
@@ -264,6 +269,9 @@ func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, err
 			code = CodeDeclined
 		}
 		rp, err := db.WithTxV(ctx, s.pool, func(tx pgx.Tx) (Payment, error) {
+			if err := noteInquiry(ctx, tx, op, answer, s.nowArg()); err != nil {
+				return Payment{}, err
+			}
 			p, _, err := transition(ctx, tx, op, StatusUnknown, statusOf(outcome),
 				details{providerRef: res.ProviderRef, failureCode: code, resolvedBy: "inquiry"}, s.nowArg(), s.cfg.Topic)
 			return p, err
@@ -285,13 +293,30 @@ func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, err
 	}
 	if _, err := s.pool.Exec(ctx, `
 		UPDATE payment SET inquiry_attempts = inquiry_attempts + 1, updated_at = t.now,
-			next_inquiry_at = t.now + @delay::bigint * interval '1 microsecond'
+			next_inquiry_at = t.now + @delay::bigint * interval '1 microsecond',
+			last_inquiry_at = t.now, last_inquiry_answer = @answer
 		FROM (SELECT `+dbNow+` AS now) t
 		WHERE operation_id = @op AND status = 'unknown'`,
-		pgx.NamedArgs{"op": op, "now": s.nowArg(), "delay": s.inquiryDelay(p.InquiryAttempts + 1).Microseconds()}); err != nil {
+		pgx.NamedArgs{"op": op, "now": s.nowArg(), "answer": answer, "delay": s.inquiryDelay(p.InquiryAttempts + 1).Microseconds()}); err != nil {
 		return rep, fmt.Errorf("payments: schedule the next inquiry of %s: %w", op, err)
 	}
 	return rep, nil
+}
+
+// AnswerNone is payment.last_inquiry_answer when the provider did not
+// answer an inquiry (a timeout, a refused connection); otherwise the column
+// holds the provider's outcome word.
+const AnswerNone = "no_answer"
+
+// noteInquiry records when the provider was last asked about a payment and
+// what it said (the console shows it on every unknown payment). It leaves
+// the status, the reservation and updated_at alone.
+func noteInquiry(ctx context.Context, q db.Querier, op uuid.UUID, answer string, now *time.Time) error {
+	if _, err := q.Exec(ctx, `UPDATE payment SET last_inquiry_at = `+dbNow+`, last_inquiry_answer = @answer WHERE operation_id = @op`,
+		pgx.NamedArgs{"op": op, "answer": answer, "now": now}); err != nil {
+		return fmt.Errorf("payments: record the inquiry of %s: %w", op, err)
+	}
+	return nil
 }
 
 // inquiryDelay is the wait before the attempts-th next inquiry of one

@@ -1,0 +1,191 @@
+package payments
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/sluice-dev/sluice/internal/db"
+)
+
+// States of a four-eyes request (payment_approval.state).
+const (
+	ApprovalPending  = "pending"
+	ApprovalApproved = "approved"
+	ApprovalRejected = "rejected"
+)
+
+// Errors of the four-eyes requests.
+var (
+	ErrApprovalPending = errors.New("payments: a resolution of this payment is already waiting for approval")
+	ErrSelfApproval    = errors.New("payments: a request cannot be decided by the operator who made it")
+	ErrNotPending      = errors.New("payments: the request has been decided already")
+)
+
+// Approval is a four-eyes request to resolve an unknown payment: one
+// operator asks, a different one approves (the resolve happens then) or
+// rejects (the payment stays unknown).
+type Approval struct {
+	ID            int64
+	OperationID   uuid.UUID
+	Outcome       Outcome
+	Reason        string
+	Evidence      string
+	RequestedBy   string // iss|sub
+	RequesterName string
+	RequestedAt   time.Time
+	State         string
+	DecidedBy     string // iss|sub
+	DeciderName   string
+	DecidedAt     *time.Time
+	// Of the payment, for the list.
+	Amount        decimal.Decimal
+	Currency      string
+	PaymentStatus Status
+}
+
+// ApprovalRequest is what RequestResolve records.
+type ApprovalRequest struct {
+	OperationID   uuid.UUID
+	Outcome       Outcome
+	Reason        string
+	Evidence      string
+	RequestedBy   string // iss|sub: no PII
+	RequesterName string
+}
+
+const approvalCols = `a.id, a.operation_id, a.outcome, a.reason, a.evidence, a.requested_by, a.requester_name, a.requested_at,
+	a.state, coalesce(a.decided_by, ''), coalesce(a.decider_name, ''), a.decided_at, p.amount::text, p.currency, p.status`
+
+func scanApproval(row pgx.Row) (Approval, error) {
+	var a Approval
+	var outcome, amount, status string
+	err := row.Scan(&a.ID, &a.OperationID, &outcome, &a.Reason, &a.Evidence, &a.RequestedBy, &a.RequesterName, &a.RequestedAt,
+		&a.State, &a.DecidedBy, &a.DeciderName, &a.DecidedAt, &amount, &a.Currency, &status)
+	if err != nil {
+		return Approval{}, notFound(err)
+	}
+	a.Outcome, a.PaymentStatus = Outcome(outcome), Status(status)
+	if a.Amount, err = decimal.NewFromString(amount); err != nil {
+		return Approval{}, fmt.Errorf("payments: approval %d amount %q: %w", a.ID, amount, err)
+	}
+	return a, nil
+}
+
+// RequestResolve records a pending request to resolve an unknown payment,
+// in the caller's transaction (the console audits it in the same commit).
+// It changes nothing else. ErrNotUnknown: the payment is not unknown;
+// ErrApprovalPending: a request for it is waiting already.
+func RequestResolve(ctx context.Context, tx pgx.Tx, r ApprovalRequest) (Approval, error) {
+	if _, err := ParseOutcome(string(r.Outcome)); err != nil {
+		return Approval{}, err
+	}
+	var status string
+	// FOR SHARE: a resolution cannot commit between this check and the
+	// request's commit.
+	err := tx.QueryRow(ctx, `SELECT status FROM payment WHERE operation_id = $1 FOR SHARE`, r.OperationID).Scan(&status)
+	if err != nil {
+		return Approval{}, fmt.Errorf("payments: request a resolution of %s: %w", r.OperationID, notFound(err))
+	}
+	if Status(status) != StatusUnknown {
+		return Approval{}, ErrNotUnknown
+	}
+	var id int64
+	err = tx.QueryRow(ctx, `
+		INSERT INTO payment_approval (operation_id, outcome, reason, evidence, requested_by, requester_name)
+		VALUES (@op, @outcome, @reason, @evidence, @by, @name)
+		ON CONFLICT (operation_id) WHERE state = 'pending' DO NOTHING
+		RETURNING id`, pgx.NamedArgs{"op": r.OperationID, "outcome": string(r.Outcome), "reason": r.Reason,
+		"evidence": r.Evidence, "by": r.RequestedBy, "name": r.RequesterName}).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Approval{}, ErrApprovalPending
+	}
+	if err != nil {
+		return Approval{}, fmt.Errorf("payments: request a resolution of %s: %w", r.OperationID, err)
+	}
+	return GetApproval(ctx, tx, id)
+}
+
+// GetApproval reads one request.
+func GetApproval(ctx context.Context, q db.RowQuerier, id int64) (Approval, error) {
+	return scanApproval(q.QueryRow(ctx, `SELECT `+approvalCols+` FROM payment_approval a JOIN payment p USING (operation_id) WHERE a.id = $1`, id))
+}
+
+// Decision is an approval or a rejection of a request.
+type Decision struct {
+	ID          int64
+	Approve     bool
+	DecidedBy   string // iss|sub
+	DeciderName string
+	Topic       string // outbox topic of the resolution (default sluice.payments)
+}
+
+// Decide approves or rejects a pending request in the caller's transaction:
+// compare-and-set on the pending state, never by its requester
+// (ErrSelfApproval). Approval resolves the payment in the same transaction
+// (Resolve: ErrNotUnknown when it is not unknown any more, and then nothing
+// is decided); rejection leaves the payment unknown. ErrNotPending: decided
+// already; ErrNotFound: no such request. The returned Payment is the
+// resolved one (approval only); the caller pokes the relays after commit.
+func Decide(ctx context.Context, tx pgx.Tx, d Decision) (Approval, Payment, error) {
+	a, err := scanApproval(tx.QueryRow(ctx, `SELECT `+approvalCols+` FROM payment_approval a JOIN payment p USING (operation_id)
+		WHERE a.id = $1 FOR UPDATE OF a`, d.ID))
+	if err != nil {
+		return Approval{}, Payment{}, fmt.Errorf("payments: decide request %d: %w", d.ID, err)
+	}
+	if a.State != ApprovalPending {
+		return a, Payment{}, ErrNotPending
+	}
+	if a.RequestedBy == d.DecidedBy {
+		return a, Payment{}, ErrSelfApproval
+	}
+	state := ApprovalRejected
+	if d.Approve {
+		state = ApprovalApproved
+	}
+	if _, err := tx.Exec(ctx, `UPDATE payment_approval SET state = $2, decided_by = $3, decider_name = $4, decided_at = statement_timestamp()
+		WHERE id = $1 AND state = 'pending'`, d.ID, state, d.DecidedBy, d.DeciderName); err != nil {
+		return a, Payment{}, fmt.Errorf("payments: decide request %d: %w", d.ID, err)
+	}
+	var p Payment
+	if d.Approve {
+		p, err = Resolve(ctx, tx, a.OperationID, a.Outcome, ResolveOptions{
+			ResolvedBy: "operator:" + a.RequestedBy + " approved by " + d.DecidedBy, Topic: d.Topic})
+		if err != nil {
+			return a, Payment{}, err
+		}
+	}
+	out, err := GetApproval(ctx, tx, d.ID)
+	return out, p, err
+}
+
+// PendingApprovals lists up to limit pending requests, oldest first.
+func PendingApprovals(ctx context.Context, q db.Querier, limit int) ([]Approval, error) {
+	if limit <= 0 || limit > 500 {
+		limit = 100
+	}
+	return collectApprovals(q.Query(ctx, `SELECT `+approvalCols+` FROM payment_approval a JOIN payment p USING (operation_id)
+		WHERE a.state = 'pending' ORDER BY a.requested_at, a.id LIMIT $1`, limit))
+}
+
+// ApprovalsOf lists a payment's requests, newest first.
+func ApprovalsOf(ctx context.Context, q db.Querier, op uuid.UUID) ([]Approval, error) {
+	return collectApprovals(q.Query(ctx, `SELECT `+approvalCols+` FROM payment_approval a JOIN payment p USING (operation_id)
+		WHERE a.operation_id = $1 ORDER BY a.id DESC LIMIT 100`, op))
+}
+
+func collectApprovals(rows pgx.Rows, err error) ([]Approval, error) {
+	if err != nil {
+		return nil, fmt.Errorf("payments: approvals: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Approval, error) { return scanApproval(r) })
+	if err != nil {
+		return nil, fmt.Errorf("payments: approvals: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,107 @@
+package web
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/views"
+)
+
+// approvalDone are the notices after a decision.
+var approvalDone = map[string]string{
+	"approved": "Approved: the payment is resolved, in the same commit as the approval and its audit row.",
+	"rejected": "Rejected: the payment stays unknown; its reservation is untouched.",
+}
+
+// approvalsPage is GET /approvals: the pending four-eyes requests (the
+// page refreshes its table every few seconds).
+func (a *App) approvalsPage(c echo.Context) error {
+	rows, err := payments.PendingApprovals(c.Request().Context(), a.pool, 200)
+	if err != nil {
+		return err
+	}
+	d := views.ApprovalsData{Pending: rows, Me: staffID(auth.SessionFrom(c)), Notice: approvalDone[c.QueryParam("done")]}
+	return render(c, http.StatusOK, views.ApprovalsPage(a.page(c, "Approvals", "/approvals"), d))
+}
+
+// decideApproval is POST /approvals/{id}/approve or /reject: compare-and-set
+// on the pending request, never by its requester (403, audited as denied).
+// An approval needs a recent sign-in and resolves the payment in the same
+// transaction as the approval and its audit row; a rejection leaves the
+// payment unknown. A request decided already, or a payment no longer
+// unknown, is a 409 audited as error/conflict.
+func (a *App) decideApproval(approve bool) echo.HandlerFunc {
+	action, done := actionReject, "rejected"
+	if approve {
+		action, done = actionApprove, "approved"
+	}
+	return func(c echo.Context) error {
+		id, err := strconv.ParseInt(c.Param("id"), 10, 64)
+		if err != nil || id <= 0 {
+			return badRequest("That is not a request id.")
+		}
+		ctx := c.Request().Context()
+		sess := auth.SessionFrom(c)
+		if approve && a.loginTooOld(sess) {
+			return a.reauthFor(c, sess, "POST /approvals/:id/approve", "/approvals")
+		}
+		req, err := payments.GetApproval(ctx, a.pool, id)
+		if err != nil {
+			return err
+		}
+		ev := a.actorEvent(c, sess, action, auditTargetPayment, req.OperationID.String())
+		ev.Reason, ev.Evidence = req.Reason, req.Evidence
+		err = db.WithTx(ctx, a.pool, func(tx pgx.Tx) error {
+			r, p, err := payments.Decide(ctx, tx, payments.Decision{ID: id, Approve: approve, DecidedBy: staffID(sess),
+				DeciderName: sess.Name, Topic: a.cfg.PaymentsTopic})
+			if err != nil {
+				return err
+			}
+			ok := ev
+			ok.Before = statusJSON("status", string(payments.StatusUnknown), "approval", payments.ApprovalPending, "approval_id", int64String(id))
+			after := string(payments.StatusUnknown)
+			if approve {
+				after = string(p.Status)
+			}
+			ok.After = statusJSON("status", after, "outcome", string(r.Outcome), "approval", r.State, "approval_id", int64String(id),
+				"requested_by", r.RequestedBy)
+			return audit.Record(ctx, tx, ok)
+		})
+		switch {
+		case err == nil:
+			a.metrics.actions.WithLabelValues(action, audit.OutcomeOK).Inc()
+			if approve {
+				a.pokeLive(ctx)
+			}
+			return c.Redirect(http.StatusSeeOther, "/approvals?done="+done)
+		case errors.Is(err, payments.ErrSelfApproval):
+			a.metrics.actions.WithLabelValues(action, audit.OutcomeDenied).Inc()
+			denied := ev
+			denied.Outcome, denied.ErrorCode = audit.OutcomeDenied, "self_approval"
+			actx := context.WithoutCancel(ctx)
+			if aerr := db.WithTx(actx, a.pool, func(tx pgx.Tx) error { return audit.Record(actx, tx, denied) }); aerr != nil {
+				return aerr
+			}
+			return &publicError{status: http.StatusForbidden, msg: "You made this request: a different operator must decide it. Nothing was changed."}
+		case errors.Is(err, payments.ErrNotPending), errors.Is(err, payments.ErrNotUnknown):
+			a.auditAttempt(ctx, ev, "conflict", nil)
+			msg := "Someone else decided this request first. Nothing was changed."
+			if errors.Is(err, payments.ErrNotUnknown) {
+				msg = "The payment is not unknown any more (resolved by an inquiry, a settlement file or another operator). Nothing was changed; reject this request."
+			}
+			return &shownError{err: ErrConflict, msg: msg}
+		default:
+			a.auditAttempt(ctx, ev, "error", nil)
+			return err
+		}
+	}
+}

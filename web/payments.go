@@ -1,0 +1,236 @@
+package web
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+	"github.com/shopspring/decimal"
+
+	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/pii"
+	"github.com/sluice-dev/sluice/views"
+)
+
+// auditTargetPayment is the audit trail's target type of a payment (its
+// id is the operation id).
+const auditTargetPayment = payments.AggregateType
+
+// paymentForm is GET /payments's query, parsed.
+type paymentForm struct {
+	raw    views.PaymentFilterForm
+	filter payments.Filter
+	page   payments.Page
+}
+
+func parsePaymentForm(q url.Values) (paymentForm, error) {
+	f := paymentForm{raw: views.PaymentFilterForm{
+		Status: q.Get("status"), Merchant: q.Get("merchant_id"), Invoice: q.Get("invoice_id"),
+		OperationID: strings.TrimSpace(q.Get("operation_id")), AmountMin: strings.TrimSpace(q.Get("amount_min")),
+		AmountMax: strings.TrimSpace(q.Get("amount_max")), From: q.Get("created_from"), To: q.Get("created_to"),
+	}}
+	for name, v := range map[string]string{"status": f.raw.Status, "merchant": f.raw.Merchant, "invoice": f.raw.Invoice,
+		"operation id": f.raw.OperationID, "amount from": f.raw.AmountMin, "amount to": f.raw.AmountMax, "from": f.raw.From, "to": f.raw.To} {
+		if len(v) > maxFilterField {
+			return f, fmt.Errorf("%w: %s is longer than %d characters", payments.ErrInvalidFilter, name, maxFilterField)
+		}
+	}
+	f.filter = payments.Filter{Status: payments.Status(f.raw.Status), MerchantID: f.raw.Merchant, InvoiceID: f.raw.Invoice}
+	if f.raw.OperationID != "" {
+		op, err := uuid.Parse(f.raw.OperationID)
+		if err != nil {
+			return f, fmt.Errorf("%w: operation id is not a UUID", payments.ErrInvalidFilter)
+		}
+		f.filter.OperationID = op
+	}
+	for _, a := range []struct {
+		name, v string
+		dst     *decimal.Decimal
+	}{{"amount from", f.raw.AmountMin, &f.filter.AmountMin}, {"amount to", f.raw.AmountMax, &f.filter.AmountMax}} {
+		if a.v == "" {
+			continue
+		}
+		d, err := decimal.NewFromString(a.v)
+		if err != nil {
+			return f, fmt.Errorf("%w: %s %q is not an amount (write 125.50)", payments.ErrInvalidFilter, a.name, a.v)
+		}
+		*a.dst = d
+	}
+	var err error
+	if f.filter.CreatedFrom, err = parseFormTime("created from", f.raw.From); err != nil {
+		return f, fmt.Errorf("%w: %w", payments.ErrInvalidFilter, err)
+	}
+	if f.filter.CreatedTo, err = parseFormTime("created before", f.raw.To); err != nil {
+		return f, fmt.Errorf("%w: %w", payments.ErrInvalidFilter, err)
+	}
+	f.page.After = q.Get("after")
+	if len(f.page.After) > 64 {
+		return f, payments.ErrInvalidCursor
+	}
+	return f, f.filter.Validate()
+}
+
+// paymentProblem is what the list says about a filter or cursor it refused.
+func paymentProblem(err error) string {
+	switch {
+	case errors.Is(err, payments.ErrInvalidCursor):
+		return "The page link is out of date or altered (its position belongs to another filter, or cannot be read). Start again from the first page."
+	case errors.Is(err, payments.ErrInvalidFilter):
+		msg := err.Error()
+		if i := strings.LastIndex(msg, "invalid filter: "); i >= 0 {
+			msg = msg[i+len("invalid filter: "):]
+		}
+		msg = strings.TrimPrefix(msg, outbox.ErrInvalidFilter.Error()+": ")
+		return strings.ToUpper(msg[:1]) + msg[1:] + "."
+	}
+	return ""
+}
+
+// paymentList is GET /payments: a keyset page, unknown payments first.
+func (a *App) paymentList(c echo.Context) error {
+	ctx := c.Request().Context()
+	f, err := parsePaymentForm(c.QueryParams())
+	d := views.PaymentListData{Form: f.raw}
+	if err == nil {
+		var page payments.ListPage
+		if page, err = payments.ListPayments(ctx, a.pool, f.filter, f.page); err == nil {
+			d.Rows, d.ReadAt = page.Rows, page.ReadAt
+			if page.Next != "" {
+				d.NextURL = paymentListURL(f.raw, page.Next)
+			}
+			if f.page.After != "" {
+				d.FirstURL = paymentListURL(f.raw, "")
+			}
+			if d.Total, err = payments.CountPayments(ctx, a.pool, f.filter); err == nil {
+				d.Counted = true
+			}
+		}
+	}
+	if d.Problem = paymentProblem(err); d.Problem != "" {
+		d.Rows, d.NextURL = nil, ""
+		return render(c, http.StatusBadRequest, views.PaymentList(a.page(c, "Payments", "/payments"), d))
+	}
+	if err != nil {
+		return err
+	}
+	return render(c, http.StatusOK, views.PaymentList(a.page(c, "Payments", "/payments"), d))
+}
+
+func paymentListURL(raw views.PaymentFilterForm, after string) string {
+	v := raw.Values()
+	if after != "" {
+		v.Set("after", after)
+	}
+	if len(v) == 0 {
+		return "/payments"
+	}
+	return "/payments?" + v.Encode()
+}
+
+// operationID reads the {op} of a /payments/{op} route: a UUID, or 400
+// before any query.
+func operationID(c echo.Context) (uuid.UUID, error) {
+	raw := c.Param("op")
+	op, err := uuid.Parse(raw)
+	if err != nil || len(raw) != 36 {
+		return uuid.Nil, badRequest("That is not an operation id: an id is a UUID such as 0190f3a2-7c1e-7d4b-9a51-1f2e3d4c5b6a.")
+	}
+	return op, nil
+}
+
+// paymentDone are the notices after a redirect (fixed texts: the query
+// never reaches the page).
+var paymentDone = map[string]string{
+	"resolved":  "Resolved: the payment left unknown once; its reservation, ledger and event changed in the same commit as your audit row.",
+	"requested": "Requested: the amount is above the four-eyes threshold, so nothing moves until a different operator approves it on the Approvals page.",
+	"inquired":  "Inquired: the provider's answer is recorded below.",
+}
+
+// paymentPage is GET /payments/{op}.
+func (a *App) paymentPage(c echo.Context) error {
+	op, err := operationID(c)
+	if err != nil {
+		return err
+	}
+	d, err := a.paymentData(c.Request().Context(), c, op)
+	if err != nil {
+		return err
+	}
+	d.Notice = paymentDone[c.QueryParam("done")]
+	return render(c, http.StatusOK, views.PaymentPage(a.page(c, "Payment "+op.String(), "/payments"), d))
+}
+
+// paymentAuditRows is how many audit rows the payment's page lists.
+const paymentAuditRows = 50
+
+// paymentData reads everything the payment's page shows. Customer fields
+// are shown masked without decrypting (the console holds no PII keys):
+// the field names and that a value is there, never a clear value.
+func (a *App) paymentData(ctx context.Context, c echo.Context, op uuid.UUID) (views.PaymentData, error) {
+	p, err := payments.Get(ctx, a.pool, op)
+	if err != nil {
+		return views.PaymentData{}, err
+	}
+	d := views.PaymentData{P: p, Customer: map[string]string{}, CanInquire: a.inquirer != nil,
+		Threshold: a.cfg.FourEyesAbove.StringFixed(2), FourEyes: p.Amount.GreaterThan(a.cfg.FourEyesAbove)}
+	for field := range p.Customer {
+		d.Customer[field] = pii.Masked
+	}
+	sess := auth.SessionFrom(c)
+	d.CanAct = sess != nil && sess.Can(auth.PermPaymentsAct)
+	if d.CanAct && a.loginTooOld(sess) {
+		d.ReauthURL = paymentReauthURL("/payments/" + op.String())
+	}
+	if rec, err := payments.RecordByOperation(ctx, a.pool, op); err == nil {
+		rec.ResponseBody = nil // the stored body is the client's; only its status is shown
+		d.Record = &rec
+	} else if !errors.Is(err, payments.ErrNotFound) {
+		return d, err
+	}
+	if r, err := payments.ReservationOf(ctx, a.pool, op); err == nil {
+		d.Reservation = &r
+	} else if !errors.Is(err, payments.ErrNotFound) {
+		return d, err
+	}
+	if d.Ledger, err = payments.LedgerOf(ctx, a.pool, op); err != nil {
+		return d, err
+	}
+	events, err := outbox.List(ctx, a.pool, outbox.Filter{AggregateType: payments.AggregateType, AggregateID: op.String()}, outbox.Page{Oldest: true, Limit: 50})
+	if err != nil {
+		return d, err
+	}
+	d.Events = events.Rows
+	if d.Discrepancy, err = payments.OpenDiscrepanciesOf(ctx, a.pool, op); err != nil {
+		return d, err
+	}
+	if d.Approvals, err = payments.ApprovalsOf(ctx, a.pool, op); err != nil {
+		return d, err
+	}
+	if d.Audit, err = audit.ForTarget(ctx, a.pool, auditTargetPayment, op.String(), paymentAuditRows); err != nil {
+		return d, err
+	}
+	if err := a.pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&d.ReadAt); err != nil {
+		return d, err
+	}
+	return d, nil
+}
+
+// loginTooOld: money-moving actions (resolve, approve) need a sign-in no
+// older than CONSOLE_RECENT_LOGIN.
+func (a *App) loginTooOld(sess *auth.Session) bool {
+	return a.now().Sub(sess.AuthTime) > a.cfg.RecentLogin
+}
+
+// paymentReauthURL signs in again at the provider (prompt=login, max_age=0)
+// and comes back to next (the form).
+func paymentReauthURL(next string) string {
+	return "/login?reauth=1&next=" + url.QueryEscape(next)
+}

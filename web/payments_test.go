@@ -1,0 +1,652 @@
+package web_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/PuerkitoBio/goquery"
+	"github.com/google/uuid"
+	"github.com/shopspring/decimal"
+
+	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
+	"github.com/sluice-dev/sluice/internal/payments/provider"
+	"github.com/sluice-dev/sluice/web"
+)
+
+var accountSeq atomic.Int64
+
+// unknownPayment plants an unknown payment of amount on a fresh account.
+func (h *harness) unknownPayment(t *testing.T, o paymentstest.PaymentOpts) (uuid.UUID, int64) {
+	t.Helper()
+	acc := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 9_000_000 + accountSeq.Add(1), Balance: "100000.00"})
+	o.Account = acc
+	return paymentstest.Payment(t, h.pool, o), acc
+}
+
+type effects struct {
+	status, reservation          string
+	ledger, completed, failed    int
+	okAudit, conflicts, requests int
+}
+
+func (h *harness) effectsOf(t *testing.T, op uuid.UUID) effects {
+	t.Helper()
+	var e effects
+	ctx := context.Background()
+	err := h.pool.QueryRow(ctx, `
+		SELECT p.status, r.status,
+		       (SELECT count(*) FROM ledger_entry WHERE operation_id = p.operation_id),
+		       (SELECT count(*) FROM outbox_event WHERE aggregate_type = 'payment' AND aggregate_id = p.operation_id::text AND event_type = 'payment.completed.v1'),
+		       (SELECT count(*) FROM outbox_event WHERE aggregate_type = 'payment' AND aggregate_id = p.operation_id::text AND event_type = 'payment.failed.v1'),
+		       (SELECT count(*) FROM audit_event WHERE target_type = 'payment' AND target_id = p.operation_id::text AND outcome = 'ok' AND action IN ('payments.resolve', 'payments.approve')),
+		       (SELECT count(*) FROM audit_event WHERE target_type = 'payment' AND target_id = p.operation_id::text AND outcome = 'error' AND error_code = 'conflict'),
+		       (SELECT count(*) FROM audit_event WHERE target_type = 'payment' AND target_id = p.operation_id::text AND outcome = 'ok' AND action = 'payments.resolve_request')
+		  FROM payment p JOIN balance_reservation r USING (operation_id) WHERE p.operation_id = $1`, op).
+		Scan(&e.status, &e.reservation, &e.ledger, &e.completed, &e.failed, &e.okAudit, &e.conflicts, &e.requests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func resolveForm(token, outcome string) url.Values {
+	return url.Values{"csrf_token": {token}, "expected": {"unknown"}, "outcome": {outcome},
+		"reason": {"provider support confirmed by phone"}, "evidence": {"ticket PRV-1234"}}
+}
+
+// Fifty operators resolve one unknown payment at once: one transition, one
+// reservation change, one ledger debit, one payment.completed event, one ok
+// audit row; the other forty-nine get 409 and are audited as conflicts.
+func TestFiftyConcurrentResolvesOneWins(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{configure: func(c *web.Config) { c.LoginRate = 10_000 }})
+	op, acc := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "120.00"})
+	const n, operators = 50, 10
+	for i := range operators {
+		h.idp.AddUser(fmt.Sprintf("op%d", i), "pw", "oncall")
+	}
+	type session struct {
+		b     *browser
+		token string
+	}
+	sessions := make([]session, operators)
+	for i := range sessions {
+		b := newBrowser(t)
+		h.login(t, b, fmt.Sprintf("op%d", i), "pw", "")
+		sessions[i] = session{b, h.csrf(t, b)}
+	}
+	codes := make([]int, n)
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-gate
+			s := sessions[i%operators]
+			resp, _ := h.postForm(t, s.b, "/payments/"+op.String()+"/resolve", resolveForm(s.token, "succeeded"))
+			codes[i] = resp.StatusCode
+		}()
+	}
+	close(gate)
+	wg.Wait()
+	count := map[int]int{}
+	for _, c := range codes {
+		count[c]++
+	}
+	if count[http.StatusSeeOther] != 1 || count[http.StatusConflict] != n-1 {
+		t.Fatalf("status codes %v, want one 303 and %d 409", count, n-1)
+	}
+	e := h.effectsOf(t, op)
+	if e.status != "completed" || e.reservation != "finalized" || e.ledger != 1 || e.completed != 1 || e.failed != 0 || e.okAudit != 1 || e.conflicts != n-1 {
+		t.Fatalf("effects %+v", e)
+	}
+	paymentstest.CheckBooks(t, h.pool, acc)
+	res, err := audit.Verify(context.Background(), h.pool)
+	if err != nil || !res.Intact() {
+		t.Fatalf("audit chain: %+v %v", res, err)
+	}
+}
+
+// A resolve whose audit insert fails rolls back: neither the effect nor an
+// ok audit row.
+func TestResolveRollbackLeavesNeitherEffectNorAudit(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	b, token := h.signedIn(t, "oncall")
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{})
+	if _, err := h.pool.Exec(context.Background(), `
+		CREATE FUNCTION test_refuse_resolve_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'planted failure'; END $$;
+		CREATE TRIGGER test_refuse_resolve_audit BEFORE INSERT ON audit_event
+		    FOR EACH ROW WHEN (NEW.outcome = 'ok' AND NEW.action = 'payments.resolve') EXECUTE FUNCTION test_refuse_resolve_audit();`); err != nil {
+		t.Fatal(err)
+	}
+	resp, _ := h.postForm(t, b, "/payments/"+op.String()+"/resolve", resolveForm(token, "failed"))
+	if resp.StatusCode != http.StatusInternalServerError {
+		t.Fatalf("resolve with a failing audit: %d, want 500", resp.StatusCode)
+	}
+	e := h.effectsOf(t, op)
+	if e.status != "unknown" || e.reservation != "active" || e.ledger != 0 || e.failed != 0 || e.okAudit != 0 {
+		t.Fatalf("after the rollback: %+v", e)
+	}
+	if n := h.countAudit(t, `action = 'payments.resolve' AND outcome = 'error' AND error_code = 'error' AND target_id = $1`, op.String()); n != 1 {
+		t.Errorf("%d error audit rows for the failed attempt, want 1", n)
+	}
+}
+
+// Reason and evidence are required; a missing one is a field error and
+// nothing moves.
+func TestResolveNeedsReasonAndEvidence(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	b, token := h.signedIn(t, "oncall")
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{})
+	form := resolveForm(token, "succeeded")
+	form.Set("evidence", " ")
+	resp, body := h.postForm(t, b, "/payments/"+op.String()+"/resolve", form)
+	if resp.StatusCode != http.StatusUnprocessableEntity || doc(t, body).Find(`[data-testid="evidence-error"]`).Length() != 1 {
+		t.Fatalf("%d without evidence", resp.StatusCode)
+	}
+	if e := h.effectsOf(t, op); e.status != "unknown" {
+		t.Fatalf("moved without evidence: %+v", e)
+	}
+}
+
+// Above the threshold nothing moves until a different operator approves;
+// the requester cannot approve their own request (403, audited); a
+// rejection leaves the payment unknown.
+func TestFourEyesAboveThreshold(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{configure: func(c *web.Config) { c.FourEyesAbove = decimal.RequireFromString("100.00") }})
+	oncall, oncallToken := h.signedIn(t, "oncall")
+	admin, adminToken := h.signedIn(t, "admin")
+	op, acc := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "500.00"})
+
+	_, page := oncall.get(t, h.base+"/payments/"+op.String(), "text/html")
+	if doc(t, page).Find(`[data-testid="four-eyes-note"]`).Length() != 1 {
+		t.Fatal("the form does not say a second operator must approve")
+	}
+	resp, _ := h.postForm(t, oncall, "/payments/"+op.String()+"/resolve", resolveForm(oncallToken, "succeeded"))
+	if resp.StatusCode != http.StatusSeeOther || !strings.HasSuffix(resp.Header.Get("Location"), "done=requested") {
+		t.Fatalf("request: %d %s", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if e := h.effectsOf(t, op); e.status != "unknown" || e.reservation != "active" || e.ledger != 0 || e.requests != 1 {
+		t.Fatalf("after the request: %+v", e)
+	}
+	// A second request while one is pending is a conflict.
+	resp, _ = h.postForm(t, admin, "/payments/"+op.String()+"/resolve", resolveForm(adminToken, "failed"))
+	if resp.StatusCode != http.StatusConflict {
+		t.Fatalf("second request: %d, want 409", resp.StatusCode)
+	}
+	var id int64
+	if err := h.pool.QueryRow(context.Background(), `SELECT id FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	_, list := oncall.get(t, h.base+"/approvals", "text/html")
+	if d := doc(t, list); d.Find(`[data-testid="own-request"]`).Length() != 1 || d.Find(`[data-testid="approve"]`).Length() != 0 {
+		t.Error("the requester is offered their own request to approve")
+	}
+	resp, _ = h.postForm(t, oncall, fmt.Sprintf("/approvals/%d/approve", id), url.Values{"csrf_token": {oncallToken}})
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("self-approval: %d, want 403", resp.StatusCode)
+	}
+	if n := h.countAudit(t, `action = 'payments.approve' AND outcome = 'denied' AND error_code = 'self_approval' AND target_id = $1`, op.String()); n != 1 {
+		t.Errorf("%d denied self-approval audit rows, want 1", n)
+	}
+	if e := h.effectsOf(t, op); e.status != "unknown" || e.ledger != 0 {
+		t.Fatalf("after the self-approval: %+v", e)
+	}
+	_, list = admin.get(t, h.base+"/approvals", "text/html")
+	if doc(t, list).Find(`[data-testid="approve"]`).Length() != 1 {
+		t.Fatal("a second operator sees no approve button")
+	}
+	resp, _ = h.postForm(t, admin, fmt.Sprintf("/approvals/%d/approve", id), url.Values{"csrf_token": {adminToken}})
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("approve: %d", resp.StatusCode)
+	}
+	if e := h.effectsOf(t, op); e.status != "completed" || e.reservation != "finalized" || e.ledger != 1 || e.completed != 1 || e.okAudit != 1 {
+		t.Fatalf("after the approval: %+v", e)
+	}
+	paymentstest.CheckBooks(t, h.pool, acc)
+	// Approving again: decided already.
+	resp, _ = h.postForm(t, admin, fmt.Sprintf("/approvals/%d/approve", id), url.Values{"csrf_token": {adminToken}})
+	if resp.StatusCode != http.StatusConflict {
+		t.Fatalf("second approval: %d, want 409", resp.StatusCode)
+	}
+
+	// Rejection leaves the payment unknown.
+	op2, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "700.00"})
+	resp, _ = h.postForm(t, admin, "/payments/"+op2.String()+"/resolve", resolveForm(adminToken, "failed"))
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("request 2: %d", resp.StatusCode)
+	}
+	if err := h.pool.QueryRow(context.Background(), `SELECT id FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op2).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	resp, _ = h.postForm(t, oncall, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {oncallToken}})
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("reject: %d", resp.StatusCode)
+	}
+	if e := h.effectsOf(t, op2); e.status != "unknown" || e.reservation != "active" || e.ledger != 0 || e.failed != 0 {
+		t.Fatalf("after the rejection: %+v", e)
+	}
+	if n := h.countAudit(t, `action = 'payments.reject' AND outcome = 'ok' AND target_id = $1`, op2.String()); n != 1 {
+		t.Errorf("%d reject audit rows, want 1", n)
+	}
+}
+
+// A sign-in older than CONSOLE_RECENT_LOGIN cannot resolve: the refusal is
+// audited and the browser is sent to sign in again, back to the payment.
+func TestResolveNeedsRecentLogin(t *testing.T) {
+	t.Parallel()
+	var offset atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	h := start(t, options{clock: clock, configure: func(c *web.Config) { c.RecentLogin = time.Minute }})
+	b, token := h.signedIn(t, "oncall")
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{})
+	offset.Store(int64(2 * time.Minute))
+	resp, _ := h.postForm(t, b, "/payments/"+op.String()+"/resolve", resolveForm(token, "succeeded"))
+	want := "/login?reauth=1&next=" + url.QueryEscape("/payments/"+op.String())
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != want {
+		t.Fatalf("stale login: %d %q, want 303 %q", resp.StatusCode, resp.Header.Get("Location"), want)
+	}
+	if e := h.effectsOf(t, op); e.status != "unknown" {
+		t.Fatalf("moved with a stale login: %+v", e)
+	}
+	if n := h.countAudit(t, `action = 'request.denied' AND reason = 'reauth'`); n < 1 {
+		// RecordDenied's row names the reason in its own column or error code.
+		if n2 := h.countAudit(t, `action = 'request.denied' AND error_code = 'reauth'`); n2 != 1 {
+			t.Errorf("the refusal is not audited (%d, %d)", n, n2)
+		}
+	}
+}
+
+// The list: unknown first (oldest first), filters, keyset pages, 400 on a
+// forged cursor; reconcile age and last inquiry on unknown rows.
+func TestPaymentListOrderFiltersAndPages(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	b, _ := h.signedIn(t, "support")
+	acc := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 77, Balance: "100000"})
+	var unknown []uuid.UUID
+	for i := range 3 {
+		op := paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Merchant: "m1", Age: time.Duration(3-i) * time.Hour})
+		unknown = append(unknown, op)
+	}
+	for i := range 4 {
+		paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Merchant: "m2", Status: payments.StatusCompleted, Amount: fmt.Sprintf("%d.00", 10+i), Age: time.Duration(i) * time.Minute})
+	}
+	failed := paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Merchant: "m2", Status: payments.StatusFailed, Invoice: "inv-failed"})
+
+	ids := func(body string) []string {
+		var out []string
+		d := doc(t, body)
+		for i := range d.Find(`[data-testid="row"]`).Length() {
+			v, _ := d.Find(`[data-testid="row"]`).Eq(i).Attr("data-id")
+			out = append(out, v)
+		}
+		return out
+	}
+	resp, body := b.get(t, h.base+"/payments", "text/html")
+	got := ids(body)
+	if resp.StatusCode != 200 || len(got) != 8 {
+		t.Fatalf("%d, %d rows", resp.StatusCode, len(got))
+	}
+	for i, op := range unknown {
+		if got[i] != op.String() {
+			t.Fatalf("row %d is %s, want the unknown %s (oldest first)", i, got[i], op)
+		}
+	}
+	if got[3] != failed.String() {
+		t.Errorf("row 3 is %s, want the failed payment", got[3])
+	}
+	d := doc(t, body)
+	if d.Find(`[data-testid="reconcile-age"]`).Length() != 3 || !strings.Contains(d.Find(`[data-testid="last-inquiry"]`).First().Text(), "not inquired yet") {
+		t.Error("unknown rows lack the reconcile age or the last inquiry")
+	}
+	// Keyset pages of 3 walk every row once.
+	var walked []string
+	u := h.base + "/payments"
+	for range 10 {
+		resp, body = b.get(t, u, "text/html")
+		if resp.StatusCode != 200 {
+			t.Fatalf("page: %d", resp.StatusCode)
+		}
+		walked = append(walked, ids(body)...)
+		href, ok := doc(t, body).Find(`[data-testid="next"]`).Attr("href")
+		if !ok {
+			break
+		}
+		u = h.base + href
+	}
+	if strings.Join(walked, ",") != strings.Join(got, ",") {
+		t.Errorf("paging walked %v, want %v", walked, got)
+	}
+	// Filters.
+	for q, want := range map[string]int{
+		"status=unknown": 3, "status=completed": 4, "merchant_id=m2": 5, "invoice_id=inv-failed": 1,
+		"operation_id=" + unknown[0].String(): 1, "amount_min=11&amount_max=12.5": 2, "merchant_id=m1&status=failed": 0,
+	} {
+		resp, body = b.get(t, h.base+"/payments?"+q, "text/html")
+		if resp.StatusCode != 200 || len(ids(body)) != want {
+			t.Errorf("%s: %d, %d rows, want %d", q, resp.StatusCode, len(ids(body)), want)
+		}
+	}
+	for _, q := range []string{"after=garbage", "status=nope", "amount_min=abc", "operation_id=1"} {
+		if resp, _ = b.get(t, h.base+"/payments?"+q, "text/html"); resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: %d, want 400", q, resp.StatusCode)
+		}
+	}
+}
+
+// The list's own pages with a small limit: a cursor of another filter is
+// refused.
+func TestPaymentListCursorOfAnotherFilterIsRefused(t *testing.T) {
+	t.Parallel()
+	pool := start(t, options{}).pool
+	acc := paymentstest.Account(t, pool, paymentstest.AccountOpts{ID: 78, Balance: "1000"})
+	for range 5 {
+		paymentstest.Payment(t, pool, paymentstest.PaymentOpts{Account: acc})
+	}
+	for _, st := range []payments.Status{payments.StatusCompleted, payments.StatusFailed, payments.StatusCompleted} {
+		paymentstest.Payment(t, pool, paymentstest.PaymentOpts{Account: acc, Status: st})
+	}
+	ctx := context.Background()
+	all, err := payments.ListPayments(ctx, pool, payments.Filter{}, payments.Page{})
+	if err != nil || len(all.Rows) != 8 {
+		t.Fatalf("%v %d", err, len(all.Rows))
+	}
+	var walked []payments.Payment
+	after := ""
+	for range 10 {
+		pg, err := payments.ListPayments(ctx, pool, payments.Filter{}, payments.Page{Limit: 2, After: after})
+		if err != nil {
+			t.Fatal(err)
+		}
+		walked = append(walked, pg.Rows...)
+		if after = pg.Next; after == "" {
+			break
+		}
+	}
+	if len(walked) != len(all.Rows) {
+		t.Fatalf("pages of 2 walked %d rows, want %d", len(walked), len(all.Rows))
+	}
+	for i := range walked {
+		if walked[i].OperationID != all.Rows[i].OperationID {
+			t.Fatalf("row %d differs between the pages and the whole list", i)
+		}
+	}
+	p1, err := payments.ListPayments(ctx, pool, payments.Filter{}, payments.Page{Limit: 2})
+	if err != nil || len(p1.Rows) != 2 || p1.Next == "" {
+		t.Fatalf("%v %d %q", err, len(p1.Rows), p1.Next)
+	}
+	if _, err := payments.ListPayments(ctx, pool, payments.Filter{MerchantID: "x"}, payments.Page{Limit: 2, After: p1.Next}); err == nil {
+		t.Fatal("a cursor of another filter was accepted")
+	}
+}
+
+// The detail page shows the parts; customer data never appears in clear on
+// any page; hostile text in the invoice id, merchant id and reason is inert.
+func TestPaymentPagesShowPartsAndNoCanaryAndInertText(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{configure: func(c *web.Config) { c.FourEyesAbove = decimal.RequireFromString("100.00") }})
+	oncall, token := h.signedIn(t, "oncall")
+	kr := paymentstest.Keyring(t)
+	const canary = "canary-7f3a9d@example.org"
+	opID, err := uuid.NewV7()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := kr.Seal(payments.CustomerPlace(opID), "email", canary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostile := `<script>alert(1)</script>" onmouseover="alert(2)" hx-get="/logout"`
+	acc := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 79, Balance: "100000"})
+	op := paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Merchant: "m" + hostile, Invoice: "inv" + hostile,
+		Amount: "500.00", Customer: map[string]string{"email": env}, OperationID: opID})
+	if _, err := h.pool.Exec(context.Background(), `INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, status, operation_id, response_status, response_body)
+		VALUES ($1, 'k1', 'h', 'unknown', $2, 202, $3::jsonb)`, "m"+hostile, op, `{"customer":{"email":"`+canary+`"}}`); err != nil {
+		t.Fatal(err)
+	}
+	form := resolveForm(token, "failed")
+	form.Set("reason", "reason "+hostile)
+	form.Set("evidence", "evidence "+hostile)
+	if resp, _ := h.postForm(t, oncall, "/payments/"+op.String()+"/resolve", form); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("request: %d", resp.StatusCode)
+	}
+	pages := map[string]string{}
+	for _, p := range []string{"/payments", "/payments?status=unknown", "/payments/" + op.String(), "/approvals"} {
+		resp, body := oncall.get(t, h.base+p, "text/html")
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", p, resp.StatusCode)
+		}
+		pages[p] = body
+		if strings.Contains(body, canary) || strings.Contains(body, "canary-7f3a9d") {
+			t.Errorf("%s shows the customer canary", p)
+		}
+		assertInert(t, p, body)
+	}
+	d := doc(t, pages["/payments/"+op.String()])
+	for _, id := range []string{"payment", "record", "reservation", "ledger", "events", "approvals", "audit", "customer"} {
+		if d.Find(`[data-testid="`+id+`"]`).Length() == 0 {
+			t.Errorf("the detail page has no %s part", id)
+		}
+	}
+	if got := d.Find(`[data-testid="record-response"]`).Text(); got != "HTTP 202" {
+		t.Errorf("stored response shown as %q", got)
+	}
+	if !strings.Contains(d.Find(`[data-testid="customer"]`).Text(), "email: ***") {
+		t.Errorf("customer shown as %q, want masked", d.Find(`[data-testid="customer"]`).Text())
+	}
+	// A resolved payment links its payment.* event.
+	small := paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Amount: "10.00"})
+	if resp, _ := h.postForm(t, oncall, "/payments/"+small.String()+"/resolve", resolveForm(token, "succeeded")); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("resolve: %d", resp.StatusCode)
+	}
+	_, body := oncall.get(t, h.base+"/payments/"+small.String(), "text/html")
+	if doc(t, body).Find(`[data-testid="events"] a[href^="/outbox/"]`).Length() != 1 {
+		t.Error("no link to the payment's outbox event")
+	}
+}
+
+// Inquire without a provider: no button, and 503. With one: the answer is
+// recorded on the payment and audited.
+func TestInquire(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	b, token := h.signedIn(t, "oncall")
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{})
+	_, page := b.get(t, h.base+"/payments/"+op.String(), "text/html")
+	if doc(t, page).Find(`[data-testid="action-inquire"]`).Length() != 0 {
+		t.Error("an inquire button without a provider")
+	}
+	if resp, _ := h.postForm(t, b, "/payments/"+op.String()+"/inquire", url.Values{"csrf_token": {token}}); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("inquire without a provider: %d, want 503", resp.StatusCode)
+	}
+}
+
+// A client retrying with the same Idempotency-Key after a console resolve
+// gets the resolved outcome.
+func TestClientRetryAfterConsoleResolve(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	api := newPaymentsAPI(t, h.pool)
+	b, token := h.signedIn(t, "oncall")
+	api.sim.Next(provider.BehaveTimeoutAfterCharge)
+	first := api.post(t, "key-1", `{"invoice_id":"inv-r","account_id":4242,"amount":"12.00","currency":"TRY","customer":{"name":"A B","email":"a@b.example","tax_id":"12345678901"}}`)
+	if first.status != http.StatusAccepted {
+		t.Fatalf("first answer %d %s, want 202 unknown", first.status, first.body)
+	}
+	op := uuid.MustParse(first.json(t)["operation_id"].(string))
+	resp, _ := h.postForm(t, b, "/payments/"+op.String()+"/resolve", resolveForm(token, "succeeded"))
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("resolve: %d", resp.StatusCode)
+	}
+	again := api.post(t, "key-1", `{"invoice_id":"inv-r","account_id":4242,"amount":"12.00","currency":"TRY","customer":{"name":"A B","email":"a@b.example","tax_id":"12345678901"}}`)
+	if again.status != http.StatusCreated || again.json(t)["status"] != "completed" || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d %s %v", again.status, again.body, again.header)
+	}
+	if api.sim.MoneyMoved() != 1 {
+		t.Errorf("the provider moved money %d times", api.sim.MoneyMoved())
+	}
+}
+
+// Settlement upload: a bad file changes nothing and names the line; a good
+// one shows its dry run, then applies once with one audit row per settled
+// payment naming the file's hash.
+func TestSettlementUpload(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	b, token := h.signedIn(t, "oncall")
+	op1, _ := h.unknownPayment(t, paymentstest.PaymentOpts{})
+	op2, _ := h.unknownPayment(t, paymentstest.PaymentOpts{})
+	done, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Status: payments.StatusCompleted})
+	stranger := uuid.New()
+
+	bad := op1.String() + ",succeeded\nnot-a-uuid,failed\n"
+	resp, body := h.upload(t, b, token, bad)
+	if resp.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(doc(t, body).Find(`[data-testid="problem-line"]`).Text(), "line 2") {
+		t.Fatalf("bad file: %d %s", resp.StatusCode, doc(t, body).Find(`[data-testid="problem"]`).Text())
+	}
+	if e := h.effectsOf(t, op1); e.status != "unknown" {
+		t.Fatal("a bad file changed a payment")
+	}
+
+	good := "operation_id,outcome,provider_ref\n" + op1.String() + ",succeeded,r1\n" + op2.String() + ",failed\n" + done.String() + ",failed\n" + stranger.String() + ",succeeded\n"
+	resp, body = h.upload(t, b, token, good)
+	if resp.StatusCode != 200 {
+		t.Fatalf("good file: %d", resp.StatusCode)
+	}
+	d := doc(t, body)
+	results := map[string]int{}
+	d.Find(`[data-testid="diff-row"]`).Each(func(_ int, s *goquery.Selection) {
+		r, _ := s.Attr("data-result")
+		results[r]++
+	})
+	if results["resolved"] != 2 || results["discrepancy"] != 1 || results["not_found"] != 1 {
+		t.Fatalf("dry run %v", results)
+	}
+	if e := h.effectsOf(t, op1); e.status != "unknown" {
+		t.Fatal("the dry run changed a payment")
+	}
+	sha, _ := d.Find(`input[name="confirm_sha256"]`).Attr("value")
+	if len(sha) != 64 {
+		t.Fatalf("no hash in the confirmation: %q", sha)
+	}
+	resp, _ = h.confirm(t, b, token, sha)
+	if resp.StatusCode != 200 {
+		t.Fatalf("confirm: %d", resp.StatusCode)
+	}
+	if e := h.effectsOf(t, op1); e.status != "completed" || e.ledger != 1 {
+		t.Fatalf("op1 after apply: %+v", e)
+	}
+	if e := h.effectsOf(t, op2); e.status != "failed" || e.reservation != "released" {
+		t.Fatalf("op2 after apply: %+v", e)
+	}
+	// Applying again changes nothing and writes no more audit rows.
+	if resp, _ = h.confirm(t, b, token, sha); resp.StatusCode != 200 {
+		t.Fatalf("confirm again: %d", resp.StatusCode)
+	}
+	for _, op := range []uuid.UUID{op1, op2} {
+		if n := h.countAudit(t, `action = 'payments.settle' AND outcome = 'ok' AND target_id = $1 AND evidence LIKE $2 AND actor_name = 'oncall'`,
+			op.String(), "settlement sha256:"+sha+" line %"); n != 1 {
+			t.Errorf("%s: %d settle audit rows naming the hash, want 1", op, n)
+		}
+	}
+	if n := h.countAudit(t, `action = 'payments.settle'`); n != 2 {
+		t.Errorf("%d settle audit rows in all, want 2", n)
+	}
+}
+
+func (h *harness) upload(t *testing.T, b *browser, token, file string) (*http.Response, string) {
+	t.Helper()
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	_ = mw.WriteField("csrf_token", token)
+	fw, _ := mw.CreateFormFile("file", "eod.csv")
+	_, _ = io.WriteString(fw, file)
+	_ = mw.Close()
+	return h.postMultipart(t, b, &buf, mw.FormDataContentType())
+}
+
+func (h *harness) confirm(t *testing.T, b *browser, token, sha string) (*http.Response, string) {
+	t.Helper()
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	_ = mw.WriteField("csrf_token", token)
+	_ = mw.WriteField("confirm_sha256", sha)
+	_ = mw.Close()
+	return h.postMultipart(t, b, &buf, mw.FormDataContentType())
+}
+
+func (h *harness) postMultipart(t *testing.T, b *browser, body io.Reader, ctype string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, h.base+"/payments/settlements", body)
+	req.Header.Set("Content-Type", ctype)
+	req.Header.Set("Accept", "text/html")
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	resp, err := b.noRedirects().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(data)
+}
+
+// Inquire with a provider: the answer is recorded on the payment and
+// audited; a definite answer resolves the payment as the reconcile worker
+// would.
+func TestInquireRecordsTheAnswerAndResolvesWhenDefinite(t *testing.T) {
+	t.Parallel()
+	sim := provider.NewSimulator(provider.SimConfig{})
+	if err := sim.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	h := start(t, options{configure: func(c *web.Config) { c.ProviderURL = sim.URL() }})
+	b, token := h.signedIn(t, "oncall")
+	op, acc := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "33.00"})
+	if resp, _ := h.postForm(t, b, "/payments/"+op.String()+"/inquire", url.Values{"csrf_token": {token}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("inquire: %d", resp.StatusCode)
+	}
+	p, err := payments.Get(context.Background(), h.pool, op)
+	if err != nil || p.Status != payments.StatusUnknown || p.LastInquiryAnswer != "not_found" || p.LastInquiryAt == nil {
+		t.Fatalf("after a not_found answer: %+v %v", p, err)
+	}
+	_, list := b.get(t, h.base+"/payments?status=unknown", "text/html")
+	if got := doc(t, list).Find(`[data-testid="last-inquiry"]`).Text(); !strings.Contains(got, "provider has no such charge") {
+		t.Errorf("the list says %q about the last inquiry", got)
+	}
+	// The provider charged it after all.
+	if _, err := provider.NewClient(sim.URL(), 5*time.Second).Charge(context.Background(), provider.ChargeRequest{OperationID: op, Amount: p.Amount, Currency: p.Currency}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := h.postForm(t, b, "/payments/"+op.String()+"/inquire", url.Values{"csrf_token": {token}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("inquire: %d", resp.StatusCode)
+	}
+	if e := h.effectsOf(t, op); e.status != "completed" || e.ledger != 1 || e.completed != 1 {
+		t.Fatalf("after a succeeded answer: %+v", e)
+	}
+	paymentstest.CheckBooks(t, h.pool, acc)
+	if n := h.countAudit(t, `action = 'payments.inquire' AND outcome = 'ok' AND target_id = $1`, op.String()); n != 2 {
+		t.Errorf("%d inquire audit rows, want 2", n)
+	}
+	if n := h.countAudit(t, `action = 'payments.inquire' AND target_id = $1 AND after->>'status' = 'completed' AND after->>'answer' = 'succeeded' AND before->>'status' = 'unknown'`, op.String()); n != 1 {
+		t.Errorf("the resolving inquiry's audit row lacks its before/after (%d)", n)
+	}
+}
