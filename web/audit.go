@@ -151,8 +151,9 @@ func (a *App) targetURL(targetType, targetID string) string {
 			return "/outbox/" + id.String()
 		}
 	case auditTargetPayment:
-		if a.links.Payment && targetID != "" && !strings.ContainsAny(targetID, "/?#") {
-			return "/payments/" + url.PathEscape(targetID)
+		// A payment's id is its operation id, a UUID.
+		if id, err := uuid.Parse(targetID); err == nil && len(targetID) == 36 && a.links.Payment {
+			return "/payments/" + id.String()
 		}
 	}
 	return ""

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/PuerkitoBio/goquery"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluice-dev/sluice/internal/audit"
@@ -199,6 +200,7 @@ func TestAuditEntryLinksAndHostileText(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{})
 	ev := plant(t, h, planted{status: "dead"})
+	paymentOp := uuid.Must(uuid.NewV7())
 	before, _ := json.Marshal(map[string]any{"status": "dead", "note": hostile})
 	after, _ := json.Marshal(map[string]any{"status": "pending"})
 	seqs := record(t, h,
@@ -207,6 +209,7 @@ func TestAuditEntryLinksAndHostileText(t *testing.T) {
 			Reason: "reason " + hostile, RequestID: "req-1", SessionHash: "abcd", IP: "192.0.2.7", UserAgent: "UA " + hostile},
 		audit.Event{ActorSub: "sub-y", Action: "odd", TargetType: "outbox_event", TargetID: hostile, Reason: hostile},
 		audit.Event{ActorSub: "sub-z", Action: "payments.resolve", TargetType: "payment", TargetID: "op-1"},
+		audit.Event{ActorSub: "sub-z", Action: "payments.resolve", TargetType: "payment", TargetID: paymentOp.String()},
 	)
 	b, _ := h.signedIn(t, "auditor")
 	for _, p := range []string{"/audit", "/audit?target_type=outbox_event&target_id=" + url.QueryEscape(hostile),
@@ -242,13 +245,17 @@ func TestAuditEntryLinksAndHostileText(t *testing.T) {
 	if got := auditSeqs(doc(t, hb)); !slices.Equal(got, []int64{seqs[0]}) {
 		t.Errorf("history %s: %v", history, got)
 	}
-	// A target id that is no event id, and a payment while /payments/{id}
-	// does not exist: no link to a page that is not there.
-	for _, seq := range seqs[1:] {
+	// A target id that is no event id, and one that is no operation id:
+	// no link to a page that is not there. A payment's row links to it.
+	for _, seq := range seqs[1:3] {
 		_, body := b.get(t, h.base+"/audit/"+strconv.FormatInt(seq, 10), "text/html")
-		if n := doc(t, body).Find(`[data-testid="target-link"]`).Length(); n != 0 && !slices.Contains(h.app.Routes(), "GET /payments/:operation_id") {
+		if n := doc(t, body).Find(`[data-testid="target-link"]`).Length(); n != 0 {
 			t.Errorf("seq %d: a link to a target page that does not exist", seq)
 		}
+	}
+	_, body = b.get(t, h.base+"/audit/"+strconv.FormatInt(seqs[3], 10), "text/html")
+	if got := doc(t, body).Find(`[data-testid="target-link"]`).AttrOr("href", ""); got != "/payments/"+paymentOp.String() {
+		t.Errorf("a payment's audit row links to %q, want its page", got)
 	}
 	if resp, _ := b.get(t, h.base+"/audit/999999", "text/html"); resp.StatusCode != http.StatusNotFound {
 		t.Errorf("missing row: %d", resp.StatusCode)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"sort"
 	"strings"
 
 	"github.com/google/uuid"
@@ -16,7 +17,6 @@ import (
 	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/payments"
-	"github.com/sluice-dev/sluice/internal/pii"
 	"github.com/sluice-dev/sluice/views"
 )
 
@@ -172,17 +172,21 @@ func (a *App) paymentPage(c echo.Context) error {
 const paymentAuditRows = 50
 
 // paymentData reads everything the payment's page shows. Customer fields
-// are shown masked without decrypting (the console holds no PII keys):
-// the field names and that a value is there, never a clear value.
+// are shown masked: opened and masked by the payment table's schema when
+// the console holds the keys (PII_KEYS), else as sealed; a permitted user
+// may reveal one (POST /pii/reveal).
 func (a *App) paymentData(ctx context.Context, c echo.Context, op uuid.UUID) (views.PaymentData, error) {
 	p, err := payments.Get(ctx, a.pool, op)
 	if err != nil {
 		return views.PaymentData{}, err
 	}
-	d := views.PaymentData{P: p, Customer: map[string]string{}, CanInquire: a.inquirer != nil,
+	d := views.PaymentData{P: p, CanInquire: a.inquirer != nil,
 		Threshold: a.cfg.FourEyesAbove.StringFixed(2), FourEyes: p.Amount.GreaterThan(a.cfg.FourEyesAbove)}
-	for field := range p.Customer {
-		d.Customer[field] = pii.Masked
+	d.Customer = payments.MaskCustomer(a.kr, p)
+	if a.kr != nil && may(c, auth.PermRevealPII) {
+		for _, field := range sortedFields(p.Customer) {
+			d.Reveal = append(d.Reveal, views.RevealField{TargetType: auditTargetPayment, TargetID: op.String(), Field: field})
+		}
 	}
 	sess := auth.SessionFrom(c)
 	d.CanAct = sess != nil && sess.Can(auth.PermPaymentsAct)
@@ -233,4 +237,13 @@ func (a *App) loginTooOld(sess *auth.Session) bool {
 // and comes back to next (the form).
 func paymentReauthURL(next string) string {
 	return "/login?reauth=1&next=" + url.QueryEscape(next)
+}
+
+func sortedFields(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }

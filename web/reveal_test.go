@@ -14,6 +14,8 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 	"github.com/sluice-dev/sluice/internal/pii"
 	"github.com/sluice-dev/sluice/web"
 )
@@ -149,5 +151,36 @@ func TestRevealUnderAnUnknownKey(t *testing.T) {
 		"field": {"customer.name"}, "reason": {"support case"}})
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, pii.Undecryptable) {
 		t.Fatalf("reveal under a lost key: %d %q", resp.StatusCode, body)
+	}
+}
+
+// A payment's customer fields: masked on its page with the keys, one
+// revealed with a reason.
+func TestRevealACustomerFieldOfAPayment(t *testing.T) {
+	t.Parallel()
+	kr := testKeyring(t, "k1")
+	h := start(t, options{keyring: kr})
+	op := uuid.Must(uuid.NewV7())
+	email, err := kr.Seal(payments.CustomerPlace(op), "email", canaryEmail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 31, Balance: "1000"})
+	paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Amount: "20.00", OperationID: op, Customer: map[string]string{"email": email}})
+	b, token := h.signedIn(t, "oncall")
+	_, page := b.get(t, h.base+"/payments/"+op.String(), "text/html")
+	if strings.Contains(page, canaryEmail) || !strings.Contains(page, "z***@c***") {
+		t.Fatalf("the payment page should show the email masked, never in clear")
+	}
+	if doc(t, page).Find(`[data-testid="reveal-form"] input[name="field"][value="email"]`).Length() != 1 {
+		t.Fatal("no reveal form for the customer's email")
+	}
+	resp, body := b.postForm(t, h.base+"/pii/reveal", token, url.Values{"target_type": {"payment"}, "target_id": {op.String()},
+		"field": {"email"}, "reason": {"chargeback dispute 77"}})
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, canaryEmail) {
+		t.Fatalf("reveal: %d %q", resp.StatusCode, body)
+	}
+	if n := h.countAudit(t, `action = 'pii.reveal' AND outcome = 'ok' AND target_type = 'payment' AND target_id = $1`, op.String()); n != 1 {
+		t.Fatalf("%d reveal rows, want 1", n)
 	}
 }

@@ -45,11 +45,13 @@ func TestEachDemoUserSignsInAndSeesTheirNavigation(t *testing.T) {
 		}
 		// Only pages that exist and the role may see are in the
 		// navigation: the dashboard, the outbox, the payments and the
-		// inbox, and the approvals and jobs for those who may act.
+		// inbox; the approvals and jobs for those who may act; the audit
+		// trail for auditors and admins.
 		var nav []string
 		d.Find(`[data-testid="nav"] a`).Each(func(_ int, s *goquery.Selection) { nav = append(nav, s.AttrOr("data-testid", "")) })
 		want := map[string]string{"oncall": "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-approvals,nav-jobs",
-			"admin": "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-approvals,nav-jobs"}[user]
+			"auditor": "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-audit",
+			"admin":   "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-approvals,nav-jobs,nav-audit"}[user]
 		if want == "" {
 			want = "nav-dashboard,nav-outbox,nav-payments,nav-inbox"
 		}

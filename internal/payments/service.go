@@ -187,18 +187,22 @@ func (s *Service) PaymentOf(ctx context.Context, merchantID string, op uuid.UUID
 	return b, nil
 }
 
-// MaskedCustomer decrypts and masks a payment's customer fields (the
-// payment table's schema in internal/pii); a value under a key this service
-// does not hold, or one that does not open for this payment, shows as
-// "undecryptable".
-func (s *Service) MaskedCustomer(p Payment) map[string]string {
+// MaskedCustomer is MaskCustomer with this service's keys.
+func (s *Service) MaskedCustomer(p Payment) map[string]string { return MaskCustomer(s.kr, p) }
+
+// MaskCustomer opens and masks a payment's customer fields (the payment
+// table's schema in internal/pii); a value under a key kr does not hold, or
+// one that does not open for this payment, shows as "undecryptable". With
+// no keys (nil kr: an inquirer, a console without PII_KEYS) every value
+// shows as sealed.
+func MaskCustomer(kr *pii.Keyring, p Payment) map[string]string {
 	clear := make(map[string]string, len(p.Customer))
 	for field, env := range p.Customer {
-		if s.kr == nil { // an inquirer holds no keys: the value stays sealed
-			clear[field] = env
+		if kr == nil {
+			clear[field] = env // MaskRecord shows an envelope as "[encrypted]"
 			continue
 		}
-		v, err := s.kr.Open(CustomerPlace(p.OperationID), field, env)
+		v, err := kr.Open(CustomerPlace(p.OperationID), field, env)
 		if err != nil {
 			v = pii.Undecryptable
 		}
