@@ -34,14 +34,8 @@ import (
 // time-ordered ids an hour old.
 func seedDeadEvents(t *testing.T, h *harness, topic string, n int) {
 	t.Helper()
-	_, err := h.pool.Exec(context.Background(), `
-		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at, dead_reason, attempts)
-		SELECT (lpad(to_hex($3::bigint + g), 12, '0') || '7' || substr(md5($2 || g), 1, 3) || '8' || substr(md5($2 || g), 4, 15))::uuid,
-		       'job', $2 || '-' || g, 1, $2, 'job.v1', '{}'::jsonb, 'dead', now(), 'max attempts reached', 10
-		  FROM generate_series(1, $1) g`, n, topic, time.Now().Add(-time.Hour).UnixMilli())
-	if err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Insert(t, h.pool, outboxtest.Seed{N: n, Topic: topic, AggregateType: "job", AggregateID: topic + "-{n}",
+		EventType: "job.v1", Status: "dead", Attempts: 10, Age: time.Hour})
 }
 
 // outboxState is a digest of every event's id and status.
@@ -491,11 +485,7 @@ func TestBulkOverThresholdNeedsRecentLogin(t *testing.T) {
 	if doc(t, body).Find(`[data-testid="bulk-confirm"]`).Length() != 1 {
 		t.Fatalf("a recent sign-in still cannot confirm: %s", body)
 	}
-	if _, err := h.pool.Exec(context.Background(), `
-		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at)
-		VALUES (gen_random_uuid(), 'job', 'one-more', 1, 'big', 'job.v1', '{}', 'dead', now())`); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Insert(t, h.pool, outboxtest.Seed{Topic: "big", AggregateType: "job", AggregateID: "one-more", EventType: "job.v1", Status: "dead"})
 	resp, body = b.postForm(t, h.base+"/outbox/bulk", token, form)
 	if resp.StatusCode != http.StatusConflict || !strings.Contains(body, "more than the 10 you confirmed") {
 		t.Fatalf("confirm after the count grew: %d %s", resp.StatusCode, body)

@@ -11,6 +11,8 @@ import (
 	"github.com/PuerkitoBio/goquery"
 	"github.com/google/uuid"
 	"github.com/gorilla/websocket"
+
+	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
 )
 
 // planted is an outbox row written straight into the table, in any state.
@@ -55,23 +57,10 @@ func plant(t *testing.T, h *harness, p planted) uuid.UUID {
 	if p.status == "" {
 		p.status = "pending"
 	}
-	var lastError *string
-	if p.lastError != "" {
-		lastError = &p.lastError
-	}
-	_, err = h.pool.Exec(context.Background(), `
-		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, headers, status,
-		                          attempts, last_error, dead_at, published_at, discarded_at, discard_reason)
-		VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11,
-		        CASE WHEN $9 IN ('dead', 'discarded') THEN now() END,
-		        CASE WHEN $9 = 'published' THEN now() END,
-		        CASE WHEN $9 = 'discarded' THEN now() END,
-		        CASE WHEN $9 = 'discarded' THEN 'planted' END)`,
-		id, p.aggType, p.aggID, p.seq, p.topic, p.etype, p.payload, p.headers, p.status, p.attempts, lastError)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
+	ids := outboxtest.Insert(t, h.pool, outboxtest.Seed{ID: id, AggregateType: p.aggType, AggregateID: p.aggID, AggregateSeq: p.seq,
+		Topic: p.topic, EventType: p.etype, Payload: p.payload, Headers: p.headers, Status: p.status,
+		Attempts: p.attempts, LastError: p.lastError})
+	return ids[0]
 }
 
 func (h *harness) status(t *testing.T, id uuid.UUID) string {

@@ -11,6 +11,7 @@ import (
 	"github.com/PuerkitoBio/goquery"
 	"github.com/google/uuid"
 
+	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
 	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
@@ -28,11 +29,8 @@ func TestOutboxListFiltersPagesAndRefusals(t *testing.T) {
 	other := plant(t, h, planted{topic: "payments", status: "pending", lastError: "timeout"})
 	plant(t, h, planted{topic: "ledger", status: "published"})
 	// A large history, so the count is an estimate and the list has pages.
-	if _, err := h.pool.Exec(ctx, `
-		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, published_at)
-		SELECT gen_random_uuid(), 'bulk', g::text, 1, 'bulk', 'bulk.v1', '{}', 'published', now()
-		  FROM generate_series(1, 10100) g;
-		ANALYZE outbox_event;`); err != nil {
+	outboxtest.Insert(t, h.pool, outboxtest.Seed{N: 10100, Topic: "bulk", AggregateType: "bulk", EventType: "bulk.v1", Status: "published"})
+	if _, err := h.pool.Exec(ctx, `ANALYZE outbox_event`); err != nil {
 		t.Fatal(err)
 	}
 	b := newBrowser(t)
@@ -58,7 +56,7 @@ func TestOutboxListFiltersPagesAndRefusals(t *testing.T) {
 	}
 	for q, want := range map[string]string{
 		"?topic=payments&status=pending":                      other.String(),
-		"?id_prefix=" + dead.String()[:13]:                    dead.String(),
+		"?id_prefix=" + dead.String()[:23]:                    dead.String(),
 		"?error_text=SCHEMA+V3&status=dead":                   dead.String(),
 		"?aggregate_type=order&aggregate_id=" + dead.String(): dead.String(),
 		"?event_type=payment.requested.v1":                    dead.String(),

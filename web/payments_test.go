@@ -418,10 +418,8 @@ func TestPaymentPagesShowPartsAndNoCanaryAndInertText(t *testing.T) {
 	acc := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 79, Balance: "100000"})
 	op := paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Merchant: "m" + hostile, Invoice: "inv" + hostile,
 		Amount: "500.00", Customer: map[string]string{"email": env}, OperationID: opID})
-	if _, err := h.pool.Exec(context.Background(), `INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, status, operation_id, response_status, response_body)
-		VALUES ($1, 'k1', 'h', 'unknown', $2, 202, $3::jsonb)`, "m"+hostile, op, `{"customer":{"email":"`+canary+`"}}`); err != nil {
-		t.Fatal(err)
-	}
+	paymentstest.StoredAnswer(t, h.pool, paymentstest.AnswerOpts{Merchant: "m" + hostile, Key: "k1", OperationID: op,
+		Status: payments.StatusUnknown, ResponseStatus: 202, ResponseBody: `{"customer":{"email":"` + canary + `"}}`})
 	form := resolveForm(token, "failed")
 	form.Set("reason", "reason "+hostile)
 	form.Set("evidence", "evidence "+hostile)

@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
 	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
@@ -34,11 +35,7 @@ func TestPagesGetTheirOwnFragments(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `
-		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at)
-		SELECT gen_random_uuid(), 'a', g::text, 1, 't', 't.v1', '{}', 'dead', now() FROM generate_series(1, 3) g`); err != nil {
-		t.Fatal(err)
-	}
+	outboxtest.Insert(t, pool, outboxtest.Seed{N: 3, Topic: "t", Status: "dead"})
 	job, err := db.WithTxV(ctx, pool, func(tx pgx.Tx) (outbox.Job, error) {
 		return outbox.CreateJob(ctx, tx, outbox.JobRequest{Kind: outbox.JobRetry, RequestedBy: "op"})
 	})

@@ -26,7 +26,7 @@ var sensitiveRules = []pii.Rule{pii.Name, pii.Email, pii.TaxID, pii.Phone, pii.A
 // FuzzMask: no masker panics or echoes its input, alone or through
 // MaskRecord and MaskPayload.
 func FuzzMask(f *testing.F) {
-	for _, s := range []string{"Ahmet Yılmaz", "a@b.co", "12345678901", "", "***", "a", "@", "x@y", "ab@cd.com", "\xff\xfe", "*******EF", "+90 532 123 45 67"} {
+	for _, s := range []string{"Ahmet Yılmaz", "a@b.co", "12345678901", "", "***", "a", "@", "x@y", "ab@cd.com", "\xff\xfe", "*******EF", "+90 532 123 45 67", "ac", "redacted", "encrypted"} {
 		for i := range sensitiveRules {
 			f.Add(uint8(i), s)
 		}
@@ -34,6 +34,13 @@ func FuzzMask(f *testing.F) {
 	f.Fuzz(func(t *testing.T, ruleIndex uint8, value string) {
 		rule := sensitiveRules[int(ruleIndex)%len(sensitiveRules)]
 		echoes := func(out string) bool {
+			switch out {
+			case pii.Redacted, pii.Encrypted, pii.Masked, pii.Undecryptable:
+				// A fixed placeholder says nothing of the input, even
+				// when the input happens to be part of it ("ac" in
+				// "[redacted]").
+				return false
+			}
 			v := strings.TrimSpace(value)
 			return alnumCount(value) >= 2 && strings.Contains(out, v) || alnumCount(value) >= 1 && out == value
 		}

@@ -236,3 +236,32 @@ func randomHex(t testing.TB, n int) string {
 	}
 	return hex.EncodeToString(b)
 }
+
+// AnswerOpts is an idempotency record whose request already has its stored
+// answer (what a client retry with the same key gets).
+type AnswerOpts struct {
+	Merchant       string    // default "m"
+	Key            string    // default a unique one
+	OperationID    uuid.UUID // the payment the key made
+	Status         payments.Status
+	ResponseStatus int
+	ResponseBody   string // JSON
+}
+
+// StoredAnswer writes a finished idempotency record.
+func StoredAnswer(t testing.TB, pool *pgxpool.Pool, o AnswerOpts) {
+	t.Helper()
+	if o.Merchant == "" {
+		o.Merchant = "m"
+	}
+	if o.Key == "" {
+		o.Key = randomHex(t, 8)
+	}
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, status, operation_id, response_status, response_body)
+		VALUES (@merchant, @key, 'paymentstest', @status, @op, @code, @body::jsonb)`,
+		pgx.NamedArgs{"merchant": o.Merchant, "key": o.Key, "status": string(o.Status), "op": o.OperationID,
+			"code": o.ResponseStatus, "body": o.ResponseBody}); err != nil {
+		t.Fatalf("paymentstest: stored answer of %s: %v", o.Key, err)
+	}
+}
