@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sluice-dev/sluice/internal/auth/authtest"
 	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
@@ -121,13 +122,8 @@ func TestPruneSubcommand(t *testing.T) {
 	inboxtest.Processed(t, pool, "d", 3, 24*time.Hour)
 	inboxtest.Effects(t, pool, "c", 4, 8*24*time.Hour)
 	inboxtest.Effects(t, pool, "d", 2, 24*time.Hour)
-	_, err = pool.Exec(ctx, `
-		INSERT INTO console_refusal (refused_at, route, reason, ip, request_id)
-		SELECT now() - CASE WHEN g <= 9 THEN interval '8 days' ELSE interval '6 days' END, 'POST /logout', 'cross_origin', '192.0.2.1', 'r'
-		  FROM generate_series(1, 11) g`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	authtest.Refusals(t, pool, 9, 8*24*time.Hour)
+	authtest.Refusals(t, pool, 2, 6*24*time.Hour)
 	code, out, stderr := runConsole(t, map[string]string{"DATABASE_URL": url, "PRUNE_BATCH_SIZE": "7"}, "prune")
 	if code != 0 || !strings.Contains(out, "outbox: deleted 30 ") || !strings.Contains(out, "inbox: deleted 5 ") ||
 		!strings.Contains(out, "consume_effect: deleted 4 ") || !strings.Contains(out, "console_refusal: deleted 9 ") {
