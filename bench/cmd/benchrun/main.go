@@ -60,7 +60,7 @@ func main() {
 	flag.IntVar(&o.batch, "batch", 100, "relay and bare-loop batch size")
 	flag.IntVar(&o.pgbenchSecs, "pgbench-seconds", 0, "pgbench -N duration (default 20; quick 8; 0 skips with -pgbench-seconds=-1)")
 	flag.StringVar(&o.out, "out", "results/latest.json", "JSON results file")
-	flag.StringVar(&o.systems, "systems", "", "comma list of systems to run (default all): relay,bare,river,watermill")
+	flag.StringVar(&o.systems, "systems", "", "comma list of systems to run (default all): relay (with relay-bulk, the relay under a bulk job),bare,river,watermill")
 	flag.StringVar(&o.sinks, "sinks", "null,nats", "comma list of sinks: null,nats")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the -profile system's runs to FILE-<sink>.pprof")
 	flag.StringVar(&o.profileSys, "profile", "relay", "system whose runs -cpuprofile covers")
@@ -223,6 +223,13 @@ func run(ctx context.Context, o options) error {
 				preload: preloadOutbox, table: "outbox_event",
 				run: func(ctx context.Context, p *pgxpool.Pool, pub broker.Publisher, n int) (time.Duration, error) {
 					return runRelay(ctx, p, pub, n, o.relays, o.batch, true)
+				}})
+		}
+		if want(o.systems, "relay") {
+			systems = append(systems, system{kind: "relay-bulk", config: fmt.Sprintf("%d relays, batch %d, ordered, while a bulk job discards %d× as many dead events", o.relays, o.batch, bulkDeadFactor),
+				rows: o.rows, pool: pool, preload: preloadOutboxAndJob, table: "outbox_event",
+				run: func(ctx context.Context, p *pgxpool.Pool, pub broker.Publisher, n int) (time.Duration, error) {
+					return runRelayUnderJob(ctx, p, pub, n, o.relays, o.batch)
 				}})
 		}
 		if want(o.systems, "bare") {
@@ -399,7 +406,7 @@ func median(sorted []float64) float64 {
 func ratios(cs []*config) []ratio {
 	var out []ratio
 	for _, sink := range []string{"null", "nats"} {
-		var relay, bare, riverBest, wm *config
+		var relay, bare, riverBest, wm, underJob *config
 		for _, c := range cs {
 			if c.Sink != sink {
 				continue
@@ -415,6 +422,8 @@ func ratios(cs []*config) []ratio {
 				}
 			case "watermill":
 				wm = c
+			case "relay-bulk":
+				underJob = c
 			}
 		}
 		if relay == nil {
@@ -432,6 +441,13 @@ func ratios(cs []*config) []ratio {
 		add("relay ÷ River best", riverBest, 1.5)
 		add("relay ÷ bare loop", bare, 1.2)
 		add("relay ÷ watermill-sql", wm, 0)
+		if underJob != nil {
+			// B1: the same relay while a bulk job runs, over the idle one.
+			r := ratio{Sink: sink, Name: "relay under a bulk job ÷ idle relay", Of: underJob.Config, Over: relay.System + " " + relay.Config,
+				Median: underJob.Median / relay.Median, Low: underJob.Min / relay.Max, High: underJob.Max / relay.Min, Goal: 0.5}
+			r.MeetsGoal = r.Median >= r.Goal
+			out = append(out, r)
+		}
 	}
 	return out
 }
