@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,11 +11,13 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 	"github.com/shopspring/decimal"
 
 	"github.com/sluice-dev/sluice/internal/audit"
 	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/payments"
 	"github.com/sluice-dev/sluice/views"
@@ -98,7 +101,7 @@ func paymentProblem(err error) string {
 func (a *App) paymentList(c echo.Context) error {
 	ctx := c.Request().Context()
 	f, err := parsePaymentForm(c.QueryParams())
-	d := views.PaymentListData{Form: f.raw}
+	d := views.PaymentListData{Form: f.raw, CanSearch: a.kr != nil}
 	if err == nil {
 		var page payments.ListPage
 		if page, err = payments.ListPayments(ctx, a.pool, f.filter, f.page); err == nil {
@@ -121,6 +124,45 @@ func (a *App) paymentList(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	return render(c, http.StatusOK, views.PaymentList(a.page(c, "Payments", "/payments"), d))
+}
+
+// paymentSearch is POST /payments/search: a customer's payments by exact
+// email or tax id, without any clear value in a query, a log or the audit
+// trail. The typed value is normalised and looked up by its blind index;
+// the search is audited with a keyed hash of it (pii.SearchHash, another
+// key than the index's, so the trail cannot be joined to the table).
+func (a *App) paymentSearch(c echo.Context) error {
+	c.Response().Header().Set("Cache-Control", "no-store")
+	if a.kr == nil {
+		return &publicError{status: http.StatusServiceUnavailable, msg: "This console holds no personal-data keys (PII_KEYS), so it cannot search by customer."}
+	}
+	field, typed := c.FormValue("customer_field"), c.FormValue("customer")
+	if len(typed) > 200 {
+		return badRequest("The value to look for is longer than 200 characters.")
+	}
+	ctx := c.Request().Context()
+	found, err := payments.FindByCustomer(ctx, a.pool, a.kr, field, typed, payments.SearchPage{Limit: payments.MaxPageLimit})
+	if errors.Is(err, payments.ErrInvalidSearch) {
+		return badRequest("Choose email or tax id and type the exact value to look for.")
+	}
+	if err != nil {
+		return err
+	}
+	sess := auth.SessionFrom(c)
+	meta := requestMeta(c)
+	after, _ := json.Marshal(map[string]any{"field": field, "found": len(found)})
+	ev := audit.Event{
+		ActorIss: sess.Issuer, ActorSub: sess.Subject, ActorName: sess.Name, ActorRoles: sess.RoleNames(),
+		SessionHash: sess.HashHex(), Action: "payments.search", TargetType: "customer", TargetID: a.kr.SearchHash(field, typed),
+		After: after, Outcome: audit.OutcomeOK, RequestID: meta.RequestID, IP: meta.IP, UserAgent: meta.UserAgent,
+	}
+	if err := db.WithTx(ctx, a.pool, func(tx pgx.Tx) error { return audit.Record(ctx, tx, ev) }); err != nil {
+		return err
+	}
+	a.metrics.actions.WithLabelValues(ev.Action, "ok").Inc()
+	d := views.PaymentListData{CanSearch: true, Rows: found, ReadAt: a.now(),
+		Searched: map[string]string{"email": "email", "tax_id": "tax id"}[field]}
 	return render(c, http.StatusOK, views.PaymentList(a.page(c, "Payments", "/payments"), d))
 }
 

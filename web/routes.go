@@ -58,6 +58,7 @@ func (a *App) routes() []route {
 		// Payments: list, detail, inquire, resolve, four eyes, settlement
 		// files (payments*.go, approvals.go, settlements.go).
 		{http.MethodGet, "/payments", page(auth.PermView), a.paymentList},
+		{http.MethodPost, "/payments/search", api(auth.PermView), a.paymentSearch},
 		{http.MethodGet, "/payments/settlements", page(auth.PermPaymentsAct), a.settlementForm},
 		{http.MethodPost, "/payments/settlements", api(auth.PermPaymentsAct), a.settlementUpload},
 		{http.MethodGet, "/payments/:op", page(auth.PermView), a.paymentPage},

@@ -108,6 +108,9 @@ type PaymentOpts struct {
 	// OperationID is the payment's id (default a new UUIDv7): known before
 	// the call, so customer envelopes can be sealed for it.
 	OperationID uuid.UUID
+	// EmailIndex and TaxIDIndex are the customer's blind indexes, stored as
+	// they are (kr.BlindIndex of the clear values, as the service writes).
+	EmailIndex, TaxIDIndex []byte
 }
 
 // Payment writes a payment with the books a real one in its status has: a
@@ -155,13 +158,13 @@ func Payment(t testing.TB, pool *pgxpool.Pool, o PaymentOpts) uuid.UUID {
 	}
 	args := pgx.NamedArgs{"op": op, "merchant": o.Merchant, "invoice": o.Invoice, "type": payments.PaymentTypeCharge,
 		"account": o.Account, "amount": o.Amount, "status": string(o.Status), "customer": customer,
-		"age": o.Age.Microseconds(), "reservation": reservation}
+		"age": o.Age.Microseconds(), "reservation": reservation, "email_bidx": o.EmailIndex, "tax_bidx": o.TaxIDIndex}
 	err = db.WithTx(context.Background(), pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(context.Background(), `
 			INSERT INTO payment (operation_id, merchant_id, invoice_id, payment_type, account_id, amount, currency, customer, status,
-			                     unknown_since, created_at, updated_at)
+			                     unknown_since, created_at, updated_at, customer_email_bidx, customer_tax_id_bidx)
 			SELECT @op, @merchant, @invoice, @type, @account, @amount::numeric, a.currency, @customer, @status,
-			       CASE WHEN @status = 'unknown' THEN t.at END, t.at, t.at
+			       CASE WHEN @status = 'unknown' THEN t.at END, t.at, t.at, @email_bidx::bytea, @tax_bidx::bytea
 			FROM account a, (SELECT now() - @age::bigint * interval '1 microsecond' AS at) t
 			WHERE a.account_id = @account`, args); err != nil {
 			return fmt.Errorf("payment: %w", err)

@@ -1,0 +1,71 @@
+package web_test
+
+import (
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/PuerkitoBio/goquery"
+	"github.com/google/uuid"
+
+	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
+	"github.com/sluice-dev/sluice/internal/pii"
+)
+
+// Issue 11: support finds a customer's payments by exact email or tax id
+// without seeing the customer; what they typed is neither shown back,
+// logged in a URL nor audited in clear (the audit row keeps a keyed hash).
+func TestSearchPaymentsByCustomerWithoutPlaintext(t *testing.T) {
+	t.Parallel()
+	kr := testKeyring(t, "k1")
+	h := start(t, options{keyring: kr})
+	acc := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 41, Balance: "10000"})
+	const taxID = "12345678901"
+	pay := func(email, tax string) uuid.UUID {
+		return paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Amount: "5.00",
+			EmailIndex: kr.BlindIndex(pii.FieldEmail, email), TaxIDIndex: kr.BlindIndex(pii.FieldTaxID, tax)})
+	}
+	a1, a2 := pay(canaryEmail, taxID), pay(canaryEmail, "99999999999")
+	other := pay("someone.else@example.org", "11111111111")
+
+	b, token := h.signedIn(t, "support")
+	_, list := b.get(t, h.base+"/payments", "text/html")
+	if doc(t, list).Find(`[data-testid="customer-search"]`).Length() != 1 {
+		t.Fatal("support is offered no customer search")
+	}
+	search := func(field, typed string) ([]string, string) {
+		t.Helper()
+		resp, body := b.postForm(t, h.base+"/payments/search", token, url.Values{"customer_field": {field}, "customer": {typed}})
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Cache-Control") != "no-store" {
+			t.Fatalf("search %s: %d, Cache-Control %q", field, resp.StatusCode, resp.Header.Get("Cache-Control"))
+		}
+		var ids []string
+		doc(t, body).Find(`[data-testid="row"]`).Each(func(_ int, s *goquery.Selection) { ids = append(ids, s.AttrOr("data-id", "")) })
+		slices.Sort(ids)
+		return ids, body
+	}
+	want := []string{a1.String(), a2.String()}
+	slices.Sort(want)
+	typed := "  Zebulon.Quackenbush@CANARY.example "
+	got, body := search("email", typed)
+	if !slices.Equal(got, want) {
+		t.Fatalf("email search found %v, want %v (not %s)", got, want, other)
+	}
+	if strings.Contains(strings.ToLower(body), "zebulon") {
+		t.Error("the results page shows what was typed")
+	}
+	if got, _ := search("tax_id", "123 456-789 01"); !slices.Equal(got, []string{a1.String()}) {
+		t.Fatalf("tax id search found %v, want %v", got, a1)
+	}
+	if got, _ := search("email", "zebulon.quackenbush@canary.exampl"); len(got) != 0 {
+		t.Fatalf("a near miss found %v", got)
+	}
+	if n := h.countAudit(t, `action = 'payments.search' AND target_type = 'customer' AND target_id = $1`, kr.SearchHash(pii.FieldEmail, typed)); n != 1 {
+		t.Fatalf("%d audit rows with the keyed hash of the email search, want 1", n)
+	}
+	if n := h.countAudit(t, `row_to_json(audit_event)::text ILIKE '%zebulon%' OR row_to_json(audit_event)::text LIKE '%12345678901%'`); n != 0 {
+		t.Fatalf("%d audit rows carry the typed value in clear", n)
+	}
+}
