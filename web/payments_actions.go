@@ -70,19 +70,21 @@ func (a *App) inquirePayment(c echo.Context) error {
 		}
 		return err
 	}
-	rep, err := a.inquirer.Inquire(ctx, op)
+	// The audit row commits in the transaction that records the answer
+	// (and resolves the payment when the answer is definite).
+	rep, err := a.inquirer.InquireRecorded(ctx, op, func(ctx context.Context, tx pgx.Tx, rep payments.InquiryReport) error {
+		answer := string(rep.Answer)
+		if answer == "" {
+			answer = payments.AnswerNone
+		}
+		ok := ev
+		ok.Outcome = audit.OutcomeOK
+		ok.Before = statusJSON("status", string(before.Status))
+		ok.After = statusJSON("status", string(rep.Status), "answer", answer)
+		return audit.Record(ctx, tx, ok)
+	})
 	if err != nil {
 		a.auditAttempt(ctx, ev, "error", statusJSON("status", string(before.Status)))
-		return err
-	}
-	answer := string(rep.Answer)
-	if answer == "" {
-		answer = payments.AnswerNone
-	}
-	ev.Before = statusJSON("status", string(before.Status))
-	ev.After = statusJSON("status", string(rep.Status), "answer", answer)
-	actx := context.WithoutCancel(ctx)
-	if err := db.WithTx(actx, a.pool, func(tx pgx.Tx) error { return audit.Record(actx, tx, ev) }); err != nil {
 		return err
 	}
 	a.metrics.actions.WithLabelValues(actionInquire, audit.OutcomeOK).Inc()

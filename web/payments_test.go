@@ -648,3 +648,42 @@ func TestInquireRecordsTheAnswerAndResolvesWhenDefinite(t *testing.T) {
 		t.Errorf("the resolving inquiry's audit row lacks its before/after (%d)", n)
 	}
 }
+
+// Invariant 11 for inquire: the answer's resolution and its audit row are
+// one transaction; if the audit row cannot be written, the payment stays
+// unknown.
+func TestInquireResolutionAndAuditAreOne(t *testing.T) {
+	t.Parallel()
+	sim := provider.NewSimulator(provider.SimConfig{})
+	if err := sim.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	h := start(t, options{configure: func(c *web.Config) { c.ProviderURL = sim.URL() }})
+	b, token := h.signedIn(t, "oncall")
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "21.00"})
+	p, err := payments.Get(context.Background(), h.pool, op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The provider did charge it: the inquiry's answer is definite.
+	if _, err := provider.NewClient(sim.URL(), 5*time.Second).Charge(context.Background(), provider.ChargeRequest{OperationID: op, Amount: p.Amount, Currency: p.Currency}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.pool.Exec(context.Background(), `
+		CREATE FUNCTION test_refuse_inquire_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'planted failure'; END $$;
+		CREATE TRIGGER test_refuse_inquire_audit BEFORE INSERT ON audit_event
+		    FOR EACH ROW WHEN (NEW.outcome = 'ok' AND NEW.action = 'payments.inquire') EXECUTE FUNCTION test_refuse_inquire_audit();`); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := h.postForm(t, b, "/payments/"+op.String()+"/inquire", url.Values{"csrf_token": {token}}); resp.StatusCode != http.StatusInternalServerError {
+		t.Fatalf("inquire with a failing audit: %d, want 500", resp.StatusCode)
+	}
+	if e := h.effectsOf(t, op); e.status != "unknown" || e.ledger != 0 || e.completed != 0 {
+		t.Fatalf("the resolution committed without its audit row: %+v", e)
+	}
+	if n := h.countAudit(t, `action = 'payments.inquire' AND outcome = 'ok' AND target_id = $1`, op.String()); n != 0 {
+		t.Fatalf("%d ok audit rows", n)
+	}
+}

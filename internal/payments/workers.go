@@ -237,6 +237,21 @@ type InquiryReport struct {
 // back. A final payment the answer contradicts (failed here, charged
 // there) gets a discrepancy and is otherwise left exactly as it is.
 func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, error) {
+	return s.InquireRecorded(ctx, op, nil)
+}
+
+// InquiryRecorder runs in the transaction that records an inquiry's
+// answer (and, when the answer is definite, resolves the payment), with the
+// report as it will be returned: the console writes its audit row there, so
+// the action and its record commit together (invariant 11).
+type InquiryRecorder func(ctx context.Context, tx pgx.Tx, rep InquiryReport) error
+
+// InquireRecorded is Inquire with record called in the recording
+// transaction (nil: none).
+func (s *Service) InquireRecorded(ctx context.Context, op uuid.UUID, record InquiryRecorder) (InquiryReport, error) {
+	if record == nil {
+		record = func(context.Context, pgx.Tx, InquiryReport) error { return nil }
+	}
 	p, err := Get(ctx, s.pool, op)
 	if err != nil {
 		return InquiryReport{}, fmt.Errorf("payments: inquire %s: %w", op, err)
@@ -251,13 +266,18 @@ func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, err
 		answer = string(res.Outcome)
 	}
 	if p.Status == StatusCompleted || p.Status == StatusFailed {
-		if err := noteInquiry(ctx, s.pool, op, answer, s.nowArg()); err != nil {
+		if err := db.WithTx(ctx, s.pool, func(tx pgx.Tx) error {
+			if err := noteInquiry(ctx, tx, op, answer, s.nowArg()); err != nil {
+				return err
+			}
+			return record(ctx, tx, rep)
+		}); err != nil {
 			return rep, err
 		}
 		return rep, s.inquiredFinal(ctx, p, res, ierr, &rep)
 	}
 	if p.Status != StatusUnknown {
-		return rep, nil
+		return rep, db.WithTx(ctx, s.pool, func(tx pgx.Tx) error { return record(ctx, tx, rep) })
 	}
 	if ierr == nil && res.Outcome.Definite() {
 		outcome := OutcomeSucceeded
@@ -274,7 +294,12 @@ func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, err
 			}
 			p, _, err := transition(ctx, tx, op, StatusUnknown, statusOf(outcome),
 				details{providerRef: res.ProviderRef, failureCode: code, resolvedBy: "inquiry"}, s.nowArg(), s.cfg.Topic)
-			return p, err
+			if err != nil {
+				return p, err
+			}
+			resolved := rep
+			resolved.Resolved, resolved.Status = true, p.Status
+			return p, record(ctx, tx, resolved)
 		})
 		switch {
 		case errors.Is(err, ErrNotUnknown):
@@ -291,16 +316,19 @@ func (s *Service) Inquire(ctx context.Context, op uuid.UUID) (InquiryReport, err
 		rep.Resolved, rep.Status = true, rp.Status
 		return rep, nil
 	}
-	if _, err := s.pool.Exec(ctx, `
+	err = db.WithTx(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `
 		UPDATE payment SET inquiry_attempts = inquiry_attempts + 1, updated_at = t.now,
 			next_inquiry_at = t.now + @delay::bigint * interval '1 microsecond',
 			last_inquiry_at = t.now, last_inquiry_answer = @answer
 		FROM (SELECT `+dbNow+` AS now) t
 		WHERE operation_id = @op AND status = 'unknown'`,
-		pgx.NamedArgs{"op": op, "now": s.nowArg(), "answer": answer, "delay": s.inquiryDelay(p.InquiryAttempts + 1).Microseconds()}); err != nil {
-		return rep, fmt.Errorf("payments: schedule the next inquiry of %s: %w", op, err)
-	}
-	return rep, nil
+			pgx.NamedArgs{"op": op, "now": s.nowArg(), "answer": answer, "delay": s.inquiryDelay(p.InquiryAttempts + 1).Microseconds()}); err != nil {
+			return fmt.Errorf("payments: schedule the next inquiry of %s: %w", op, err)
+		}
+		return record(ctx, tx, rep)
+	})
+	return rep, err
 }
 
 // AnswerNone is payment.last_inquiry_answer when the provider did not
