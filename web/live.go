@@ -47,6 +47,15 @@ func (a *App) renderLive(s live.Snapshot, hist []live.Snapshot) ([]live.Fragment
 		}
 		out = append(out, live.Fragment{Page: live.PageJobs, ID: views.JobLiveID(j.ID), HTML: buf.Bytes()})
 	}
+	// The approvals page: a signal that makes it reload its list (the list
+	// has per-user buttons and forms, so it is not pushed itself). The
+	// fragment changes, and so is sent, only when a request is made or
+	// decided.
+	var signal bytes.Buffer
+	if err := views.ApprovalsSignal(s.Approvals.Pending, s.Approvals.Newest).Render(context.Background(), &signal); err != nil {
+		return nil, err
+	}
+	out = append(out, live.Fragment{Page: live.PageApprovals, ID: views.ApprovalsSignalID, HTML: signal.Bytes()})
 	// The audit pages: the chain's verification state (no per-user part).
 	var buf bytes.Buffer
 	chain := views.AuditChainStatus{Latest: s.Chain.Latest, LastVerified: s.Chain.LastVerified}

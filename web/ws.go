@@ -47,10 +47,13 @@ func (a *App) ws(c echo.Context) error {
 	page := c.QueryParam("page")
 	switch page {
 	case live.PageDashboard:
-	case live.PageJobs, live.PageAudit:
+	case live.PageJobs, live.PageAudit, live.PageApprovals:
 		need := auth.PermOutboxAct
-		if page == live.PageAudit {
+		switch page {
+		case live.PageAudit:
 			need = auth.PermAudit
+		case live.PageApprovals:
+			need = auth.PermPaymentsAct
 		}
 		if !sess.Can(need) {
 			if err := auth.RecordDenied(req.Context(), a.pool, sess, requestMeta(c), "GET /ws", "permission"); err != nil {

@@ -27,7 +27,8 @@ type Fragment struct {
 const (
 	PageDashboard = ""
 	PageJobs      = "jobs"
-	PageAudit     = "audit" // the audit pages: the chain's verification state
+	PageAudit     = "audit"     // the audit pages: the chain's verification state
+	PageApprovals = "approvals" // the approvals page: a signal to reload its list
 )
 
 // RenderFunc renders the dashboard's live fragments (out-of-band swaps) for

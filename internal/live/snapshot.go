@@ -46,6 +46,7 @@ type Snapshot struct {
 	Consumers        []inbox.ConsumerStats // per consumer: applied, duplicates absorbed, stale dropped
 	Jobs             []JobProgress         // unfinished bulk jobs and the newest few, newest first
 	Chain            audit.ChainStatus     // the audit chain's latest verifications
+	Approvals        payments.PendingState // four-eyes requests waiting (count and newest id)
 }
 
 // JobProgress is a bulk job's progress (internal/outbox owns it).
@@ -78,6 +79,7 @@ type snapshotReads struct {
 	inbox     inbox.ConsumersRead
 	jobs      outbox.JobsRead
 	chain     audit.ChainStatusRead
+	approvals payments.PendingRead
 }
 
 func newSnapshotReads(since time.Time) *snapshotReads {
@@ -90,7 +92,7 @@ func newSnapshotReads(since time.Time) *snapshotReads {
 }
 
 func (r *snapshotReads) all() []db.Read {
-	return []db.Read{&r.backlog, &r.published, &r.dead, &r.held, &r.payments, &r.inbox, &r.jobs, &r.chain}
+	return []db.Read{&r.backlog, &r.published, &r.dead, &r.held, &r.payments, &r.inbox, &r.jobs, &r.approvals, &r.chain}
 }
 
 // SnapshotQuery is the statement ReadSnapshot runs for a previous snapshot
@@ -118,7 +120,7 @@ func ReadSnapshot(ctx context.Context, q Querier, prev time.Time) (Snapshot, err
 		Dead: b.Dead, Held: r.held.Held, Published: r.published.Count, Unknown: h.Unknown, ReconcileAge: h.ReconcileAge,
 		StuckProcessing: h.StuckProcessing, Discrepancies: h.Discrepancies,
 		RecentDead: r.dead.Events, RecentUnknown: h.RecentUnknown, Consumers: r.inbox.Consumers,
-		Jobs: r.jobs.Jobs, Chain: r.chain.Status,
+		Jobs: r.jobs.Jobs, Chain: r.chain.Status, Approvals: r.approvals.State,
 	}
 	if elapsed := s.At.Sub(since).Seconds(); elapsed > 0 {
 		s.PublishedPerSec = float64(s.Published) / elapsed

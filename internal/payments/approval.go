@@ -189,3 +189,29 @@ func collectApprovals(rows pgx.Rows, err error) ([]Approval, error) {
 	}
 	return out, nil
 }
+
+// PendingState says which four-eyes requests wait: how many, and the
+// newest one's id. Any request made or decided changes it, so the console's
+// feed can tell the approvals pages to reload their list only then.
+type PendingState struct {
+	Pending int64 `json:"pending"`
+	Newest  int64 `json:"newest"`
+}
+
+// PendingRead reads PendingState through the pending requests' partial
+// index: O(pending), a db.Read part of the console's snapshot.
+type PendingRead struct{ State PendingState }
+
+// Expr implements db.Read.
+func (r *PendingRead) Expr(*db.Args) string {
+	return `SELECT json_build_object('pending', count(*), 'newest', coalesce(max(id), 0))
+	  FROM payment_approval WHERE state = 'pending'`
+}
+
+// Scan implements db.Read.
+func (r *PendingRead) Scan(src []byte) error {
+	if err := db.ScanJSON(src, &r.State); err != nil {
+		return fmt.Errorf("payments: pending approvals: %w", err)
+	}
+	return nil
+}
