@@ -38,3 +38,59 @@ func TestApprovalsPageHearsNewRequestsLive(t *testing.T) {
 	}
 	waitJS(tctx, t, "the new request on the open page", `document.querySelector('[data-testid="approval-row"] a[href="/payments/`+op.String()+`"]') !== null`)
 }
+
+// Issue 10's browser test: an operator resolves an unknown payment above the
+// threshold; nothing moves until a second operator approves it in another
+// browser; the dashboard's unknown count drops live in a third browser
+// signed in as support; the auditor finds the steps.
+func TestBrowserFourEyesResolution(t *testing.T) {
+	h := start(t, options{tick: 100 * time.Millisecond, configure: func(c *web.Config) { c.FourEyesAbove = decimal.RequireFromString("100.00") }})
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "500.00"})
+	browser := func(user string) context.Context {
+		ctx, _ := newChrome(t)
+		tctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		t.Cleanup(cancel)
+		browserLogin(tctx, t, h, user)
+		return tctx
+	}
+	support := browser("support")
+	if err := chromedp.Do(support, chromedp.Navigate(h.base+"/")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(support, t, "support's dashboard counts one unknown payment", `document.querySelector('[data-testid="unknown"]').textContent.trim() === '1'`)
+
+	oncall := browser("oncall")
+	if err := chromedp.Do(oncall,
+		chromedp.Navigate(h.base+"/payments/"+op.String()),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="four-eyes-note"]`)),
+		chromedp.Click(chromedp.CSS(`[data-testid="outcome-succeeded"]`)),
+		chromedp.SendKeys(chromedp.CSS(`[data-testid="reason"]`), "provider confirmed the charge by phone"),
+		chromedp.SendKeys(chromedp.CSS(`[data-testid="evidence"]`), "ticket PRV-77"),
+		chromedp.Click(chromedp.CSS(`[data-testid="action-resolve"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="notice"]`)),
+	); err != nil {
+		t.Fatalf("request the resolution: %v", err)
+	}
+	if e := h.effectsOf(t, op); e.status != "unknown" {
+		t.Fatalf("a request above the threshold moved the payment: %+v", e)
+	}
+
+	admin := browser("admin")
+	if err := chromedp.Do(admin,
+		chromedp.Navigate(h.base+"/approvals"),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="approve"]`)),
+		chromedp.Click(chromedp.CSS(`[data-testid="approve"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="notice"]`)),
+	); err != nil {
+		t.Fatalf("approve: %v", err)
+	}
+	waitJS(support, t, "support's dashboard drops to no unknown payment, live", `document.querySelector('[data-testid="unknown"]').textContent.trim() === '0'`)
+	if e := h.effectsOf(t, op); e.status != "completed" {
+		t.Fatalf("after the approval: %+v", e)
+	}
+	for _, action := range []string{"payments.resolve_request", "payments.approve"} {
+		if n := h.countAudit(t, `action = $1 AND outcome = 'ok' AND target_id = $2`, action, op.String()); n != 1 {
+			t.Errorf("%d %s audit rows, want 1", n, action)
+		}
+	}
+}
