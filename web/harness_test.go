@@ -101,7 +101,11 @@ func start(t *testing.T, o options) *harness {
 	if o.tick == 0 {
 		o.tick = 200 * time.Millisecond
 	}
-	counter := &countingQuerier{q: pool}
+	// The console runs as the application role, as in production: it owns
+	// nothing and may only INSERT and SELECT the audit trail and the ledger
+	// (db.Grant). Tests keep the owner's pool for their fixtures.
+	appPool := dbtest.AppRole(t, pool)
+	counter := &countingQuerier{q: appPool}
 	cfg := web.Config{
 		PublicURL: base, OIDCIssuer: idp.Issuer(), OIDCClientID: "console", OIDCClientSecret: "console-secret",
 		RolesClaim: "groups", RoleMap: rm, Tick: o.tick, SessionRecheck: o.recheck,
@@ -109,7 +113,7 @@ func start(t *testing.T, o options) *harness {
 	if o.configure != nil {
 		o.configure(&cfg)
 	}
-	app, err := web.New(ctx, cfg, web.Deps{Pool: pool, Listener: ln, MetricsListener: mln, SnapshotQuerier: counter, Now: o.clock,
+	app, err := web.New(ctx, cfg, web.Deps{Pool: appPool, Listener: ln, MetricsListener: mln, SnapshotQuerier: counter, Now: o.clock,
 		JobHook: o.jobHook, Keyring: o.keyring})
 	if err != nil {
 		t.Fatal(err)
