@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/internal/db"
 )
@@ -77,4 +78,25 @@ func (d *database) close() error {
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+d.name+" WITH (FORCE)")
 	return err
+}
+
+// demoAppRole is the role the demo's services connect as on its throwaway
+// cluster.
+const demoAppRole = "sluice_app"
+
+// asApplicationRole grants demoAppRole what the services need (db.Grant:
+// creating the role, which the cluster's superuser may), closes the owner's
+// pool and returns one connected as the role. The throwaway cluster trusts
+// loopback connections, so the role needs no password.
+func asApplicationRole(ctx context.Context, owner *pgxpool.Pool, ownerURL string) (*pgxpool.Pool, error) {
+	if _, err := db.Grant(ctx, owner, demoAppRole); err != nil {
+		return nil, fmt.Errorf("application role: %w", err)
+	}
+	owner.Close()
+	u, err := url.Parse(ownerURL)
+	if err != nil {
+		return nil, err
+	}
+	u.User = url.User(demoAppRole)
+	return db.Open(ctx, u.String())
 }

@@ -53,6 +53,7 @@ type Demo struct {
 	nats    *natsembedded.Server
 	brokers []broker.Broker
 	reg     *prometheus.Registry
+	appRole string // the role the services connect as ("": the database URL's user)
 
 	notifier *outbox.Notifier
 	orders   *orderWorkload
@@ -96,7 +97,21 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	if _, err = db.Migrate(ctx, d.pool); err != nil {
 		return nil, err
 	}
+	if _, err = d.pool.Exec(ctx, ordersTable); err != nil {
+		return nil, fmt.Errorf("demo_order table: %w", err)
+	}
 	step("database ready, schema at version %d", db.LatestVersion())
+	if d.db.cluster != nil {
+		// As in production, the services connect as an application role that
+		// owns nothing and may only INSERT and SELECT the audit trail and the
+		// ledger (db.Grant). The demo owns the throwaway cluster, so it can
+		// create that role; on DATABASE_URL they connect as its user.
+		if d.pool, err = asApplicationRole(ctx, d.pool, d.db.URL()); err != nil {
+			return nil, err
+		}
+		d.appRole = demoAppRole
+		step("services connect as the application role %s (owns nothing; INSERT and SELECT only on audit_event and ledger_entry)", demoAppRole)
+	}
 
 	brokerURL := cfg.BrokerURL
 	if brokerURL == "" {
@@ -120,9 +135,7 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	}
 
 	d.notifier = outbox.NewNotifier(d.pool, 0, log)
-	if d.orders, err = newOrderWorkload(ctx, d.pool, cfg.EventRate, d.notifier.Poke); err != nil {
-		return nil, err
-	}
+	d.orders = newOrderWorkload(d.pool, cfg.EventRate, d.notifier.Poke)
 	for i := range cfg.Relays {
 		b, err := openBroker()
 		if err != nil {
