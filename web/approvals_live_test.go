@@ -3,6 +3,7 @@ package web_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,5 +93,29 @@ func TestBrowserFourEyesResolution(t *testing.T) {
 		if n := h.countAudit(t, `action = $1 AND outcome = 'ok' AND target_id = $2`, action, op.String()); n != 1 {
 			t.Errorf("%d %s audit rows, want 1", n, action)
 		}
+	}
+
+	// The auditor finds the steps on the payment's history, opens one, and
+	// exports the filtered list.
+	auditor := browser("auditor")
+	if err := chromedp.Do(auditor,
+		chromedp.Navigate(h.base+"/audit?target_type=payment&target_id="+op.String()),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="row-link"]`)),
+	); err != nil {
+		t.Fatalf("the payment's audit history: %v", err)
+	}
+	actions, err := chromedp.Run(auditor, chromedp.Evaluate[string](`Array.from(document.querySelectorAll('[data-testid="row"]')).map(r => r.textContent).join('|')`))
+	if err != nil || !strings.Contains(actions, "payments.resolve_request") || !strings.Contains(actions, "payments.approve") {
+		t.Fatalf("the auditor's list of the payment's steps: %q %v", actions, err)
+	}
+	exported, err := chromedp.Run(auditor, chromedp.Evaluate[string](`fetch(document.querySelector('[data-testid="export-csv"]').href).then(r => r.text())`, chromedp.EvalAwaitPromise))
+	if err != nil || !strings.Contains(exported, "payments.approve") || !strings.Contains(exported, op.String()) {
+		t.Fatalf("the filtered export: %q %v", exported, err)
+	}
+	if err := chromedp.Do(auditor,
+		chromedp.Click(chromedp.CSS(`[data-testid="row-link"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="hash"]`)),
+	); err != nil {
+		t.Fatalf("open a step: %v", err)
 	}
 }
