@@ -68,7 +68,10 @@ func newEnv(t *testing.T, o envOpts) *env {
 	}
 	clk := testkit.NewClock(time.Now().UTC()).Ticking(time.Millisecond)
 	reg := prometheus.NewRegistry()
-	svc, err := NewService(pool, provider.NewClient(sim.URL(), o.providerTimeout), kr, Config{Now: clk.Now, Lease: 30 * time.Second}, o.log, reg)
+	// The service runs as the application role, as in production (it owns
+	// nothing; INSERT and SELECT only on the ledger); tests keep the owner's
+	// pool for fixtures and checks.
+	svc, err := NewService(dbtest.AppRole(t, pool), provider.NewClient(sim.URL(), o.providerTimeout), kr, Config{Now: clk.Now, Lease: 30 * time.Second}, o.log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
