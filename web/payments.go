@@ -246,6 +246,9 @@ func (a *App) paymentData(ctx context.Context, c echo.Context, op uuid.UUID) (vi
 	} else if !errors.Is(err, payments.ErrNotFound) {
 		return d, err
 	}
+	if d.Calls, err = payments.ProviderCalls(ctx, a.pool, op); err != nil {
+		return d, err
+	}
 	if d.Ledger, err = payments.LedgerOf(ctx, a.pool, op); err != nil {
 		return d, err
 	}

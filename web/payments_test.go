@@ -630,6 +630,11 @@ func TestInquireRecordsTheAnswerAndResolvesWhenDefinite(t *testing.T) {
 	if got := doc(t, list).Find(`[data-testid="last-inquiry"]`).Text(); !strings.Contains(got, "provider has no such charge") {
 		t.Errorf("the list says %q about the last inquiry", got)
 	}
+	_, detail := b.get(t, h.base+"/payments/"+op.String(), "text/html")
+	if calls := doc(t, detail).Find(`[data-testid="provider-call"]`); calls.Length() != 1 || !strings.Contains(calls.Text(), "inquire") ||
+		!strings.Contains(calls.Find(`[data-testid="call-answer"]`).Text(), "provider has no such charge") {
+		t.Errorf("the payment page lists its provider calls as %q", calls.Text())
+	}
 	// The provider charged it after all.
 	if _, err := provider.NewClient(sim.URL(), 5*time.Second).Charge(context.Background(), provider.ChargeRequest{OperationID: op, Amount: p.Amount, Currency: p.Currency}); err != nil {
 		t.Fatal(err)

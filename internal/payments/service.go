@@ -223,13 +223,17 @@ func (s *Service) Ready(ctx context.Context) error {
 func (s *Service) charge(ctx context.Context, req provider.ChargeRequest) (provider.Result, error) {
 	start := time.Now()
 	res, err := s.prov.Charge(ctx, req)
-	s.m.providerCall.WithLabelValues("charge").Observe(time.Since(start).Seconds())
+	d := time.Since(start)
+	s.m.providerCall.WithLabelValues("charge").Observe(d.Seconds())
+	s.recordCall(ctx, req.OperationID, "charge", d, res, err)
 	return res, err
 }
 
 func (s *Service) inquire(ctx context.Context, p Payment) (provider.Result, error) {
 	start := time.Now()
 	res, err := s.prov.Inquire(ctx, p.OperationID)
-	s.m.providerCall.WithLabelValues("inquire").Observe(time.Since(start).Seconds())
+	d := time.Since(start)
+	s.m.providerCall.WithLabelValues("inquire").Observe(d.Seconds())
+	s.recordCall(ctx, p.OperationID, "inquire", d, res, err)
 	return res, err
 }
