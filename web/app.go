@@ -85,6 +85,9 @@ type Config struct {
 	// older than RecentLogin (CONSOLE_RECENT_LOGIN, default 15m).
 	BulkRecentLoginAbove int
 	RecentLogin          time.Duration
+	// RevealRoles may reveal one sealed personal-data field with a reason
+	// (CONSOLE_REVEAL_ROLES; default DefaultRevealRoles: operator, admin).
+	RevealRoles []auth.Role
 	// FourEyesAbove (CONSOLE_FOUR_EYES_ABOVE, default DefaultFourEyesAbove)
 	// is the amount above which an operator's resolve is a request that a
 	// different operator approves. Resolve and approve also need a sign-in
@@ -125,6 +128,11 @@ const (
 	// for support reading a case, too few to page through customers.
 	RevealsPerMinute = 10
 )
+
+// DefaultRevealRoles may reveal personal data unless CONSOLE_REVEAL_ROLES
+// says otherwise: the roles DESIGN.md's table gives the reveal permission
+// (on-call and admins, never support or auditors).
+func DefaultRevealRoles() []auth.Role { return auth.RolesWith(auth.PermRevealPII) }
 
 // Deps are the parts the console is built from.
 type Deps struct {
@@ -243,6 +251,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	}
 	if cfg.RecentLogin <= 0 {
 		cfg.RecentLogin = DefaultRecentLogin
+	}
+	if len(cfg.RevealRoles) == 0 {
+		cfg.RevealRoles = DefaultRevealRoles()
 	}
 	if !cfg.FourEyesAbove.IsPositive() {
 		cfg.FourEyesAbove = decimal.RequireFromString(DefaultFourEyesAbove)

@@ -68,7 +68,7 @@ func (a *App) eventData(ctx context.Context, c echo.Context, id uuid.UUID) (view
 		// With the keys, sealed fields show masked ("A*** Y***") instead of
 		// only "[encrypted]", and a permitted user may reveal one.
 		d.MaskedPayload = a.kr.MaskSealedPayload(e.EventType, e.ID.String(), e.Payload)
-		if may(c, auth.PermRevealPII) {
+		if a.mayReveal(c) {
 			for _, f := range pii.SealedFields(e.EventType, e.Payload) {
 				d.Reveal = append(d.Reveal, views.RevealField{TargetType: auditTargetOutbox, TargetID: e.ID.String(), Field: f})
 			}

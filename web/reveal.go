@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -80,6 +81,9 @@ func (a *App) reveal(c echo.Context) error {
 		return render(c, status, views.Revealed(views.RevealData{Problem: msg}))
 	}
 	switch {
+	case !a.mayReveal(c):
+		a.recordRevealAttempt(ctx, ev, audit.OutcomeDenied, "permission")
+		return echo.NewHTTPError(http.StatusForbidden)
 	case a.kr == nil:
 		return refuse(http.StatusServiceUnavailable, "no_keys", "This console holds no personal-data keys (PII_KEYS), so nothing can be revealed here.")
 	case f.reason == "":
@@ -150,6 +154,22 @@ func (a *App) openField(ctx context.Context, tx pgx.Tx, f revealForm) (string, e
 		return text, nil
 	}
 	return string(raw), nil // a number or an object: its JSON
+}
+
+// mayReveal reports whether the signed-in user holds one of the roles that
+// may reveal (CONSOLE_REVEAL_ROLES). The route is open to every signed-in
+// user so the configured roles decide, not the fixed permission table.
+func (a *App) mayReveal(c echo.Context) bool {
+	s := auth.SessionFrom(c)
+	if s == nil {
+		return false
+	}
+	for _, r := range s.Roles {
+		if slices.Contains(a.cfg.RevealRoles, r) {
+			return true
+		}
+	}
+	return false
 }
 
 // revealedField is the audit row's after: which field was shown, never

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/payments"
@@ -182,5 +183,30 @@ func TestRevealACustomerFieldOfAPayment(t *testing.T) {
 	}
 	if n := h.countAudit(t, `action = 'pii.reveal' AND outcome = 'ok' AND target_type = 'payment' AND target_id = $1`, op.String()); n != 1 {
 		t.Fatalf("%d reveal rows, want 1", n)
+	}
+}
+
+// Who may reveal is configurable (CONSOLE_REVEAL_ROLES): with admins only,
+// on-call gets no form and a refusal (audited); an admin reveals.
+func TestRevealRolesAreConfigurable(t *testing.T) {
+	t.Parallel()
+	kr := testKeyring(t, "k1")
+	h := start(t, options{keyring: kr, configure: func(c *web.Config) { c.RevealRoles = []auth.Role{auth.RoleAdmin} }})
+	id := sealedPaymentEvent(t, h, kr)
+	form := url.Values{"target_type": {"outbox_event"}, "target_id": {id.String()}, "field": {"customer.email"}, "reason": {"case 9"}}
+	oncall, token := h.signedIn(t, "oncall")
+	_, page := oncall.get(t, h.base+"/outbox/"+id.String(), "text/html")
+	if doc(t, page).Find(`[data-testid="reveal-form"]`).Length() != 0 {
+		t.Error("on-call is offered a reveal the configuration does not give it")
+	}
+	if resp, body := oncall.postForm(t, h.base+"/pii/reveal", token, form); resp.StatusCode != http.StatusForbidden || strings.Contains(body, canaryEmail) {
+		t.Fatalf("on-call's reveal: %d", resp.StatusCode)
+	}
+	if n := h.countAudit(t, `action = 'pii.reveal' AND outcome = 'denied' AND error_code = 'permission'`); n != 1 {
+		t.Fatalf("%d audited refusals, want 1", n)
+	}
+	admin, atoken := h.signedIn(t, "admin")
+	if resp, body := admin.postForm(t, h.base+"/pii/reveal", atoken, form); resp.StatusCode != http.StatusOK || !strings.Contains(body, canaryEmail) {
+		t.Fatalf("admin's reveal: %d %q", resp.StatusCode, body)
 	}
 }

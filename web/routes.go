@@ -43,7 +43,9 @@ func (a *App) routes() []route {
 		{http.MethodPost, "/outbox/:id/dead-letter", api(auth.PermOutboxAct), a.handleOutboxAction(actionDeadLetter)},
 		{http.MethodPost, "/outbox/:id/discard", api(auth.PermOutboxAct), a.handleOutboxAction(actionDiscard)},
 		{http.MethodGet, "/inbox", page(auth.PermView), a.inboxPage},
-		{http.MethodPost, "/pii/reveal", api(auth.PermRevealPII), a.reveal},
+		// Open to every signed-in user: the handler checks CONSOLE_REVEAL_ROLES
+		// (and audits a refusal), so the roles that may reveal are configurable.
+		{http.MethodPost, "/pii/reveal", api(auth.PermView), a.reveal},
 		// Bulk actions as durable jobs (bulk.go, jobs.go).
 		{http.MethodGet, "/outbox/bulk", page(auth.PermOutboxAct), a.bulkForm},
 		{http.MethodPost, "/outbox/bulk", api(auth.PermOutboxAct), a.bulk},

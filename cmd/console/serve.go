@@ -39,7 +39,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 		ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout, IdleTimeout: c.IdleTimeout,
 		WSPerSession: c.WSPerSession, LoginRate: c.LoginRate, LoginPending: c.LoginPending,
 		WarnOldestPending: c.WarnOldestPending, WarnReconcileAge: c.WarnReconcileAge, WarnDead: int64(c.WarnDead),
-		BulkRecentLoginAbove: c.BulkRecentLogin, RecentLogin: c.RecentLogin,
+		BulkRecentLoginAbove: c.BulkRecentLogin, RecentLogin: c.RecentLogin, RevealRoles: c.RevealRoleList,
 		FourEyesAbove: decimal.RequireFromString(c.FourEyesAbove), // validated
 		ProviderURL:   c.ProviderURL, ProviderTimeout: c.ProviderTimeout,
 	}, web.Deps{Pool: pool, Logger: log, Keyring: c.Keyring})

@@ -44,6 +44,34 @@ var rolePermissions = map[Role][]Permission{
 	RoleAdmin:    {PermView, PermOutboxAct, PermPaymentsAct, PermAudit, PermRevealPII},
 }
 
+// RolesWith lists the roles the fixed table gives p, in a stable order (the
+// console's default for settings that name roles, such as who may reveal).
+func RolesWith(p Permission) []Role {
+	var out []Role
+	for _, r := range []Role{RoleViewer, RoleOperator, RoleAuditor, RoleAdmin} {
+		if slices.Contains(rolePermissions[r], p) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// ParseRoles reads a comma-separated list of role names.
+func ParseRoles(s string) ([]Role, error) {
+	var out []Role
+	for _, part := range strings.Split(s, ",") {
+		if strings.TrimSpace(part) == "" {
+			continue
+		}
+		r, err := ParseRole(part)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
 // ParseRole reads a role name.
 func ParseRole(s string) (Role, error) {
 	r := Role(strings.TrimSpace(s))

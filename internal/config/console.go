@@ -41,8 +41,10 @@ type Console struct {
 	WarnDead          int
 	BulkRecentLogin   int
 	RecentLogin       time.Duration
-	FourEyesAbove     string // a decimal amount
-	ProviderURL       string // empty: no inquiries from the console
+	RevealRoles       string      // CONSOLE_REVEAL_ROLES: role names, comma-separated
+	RevealRoleList    []auth.Role // parsed by Validate
+	FourEyesAbove     string      // a decimal amount
+	ProviderURL       string      // empty: no inquiries from the console
 	ProviderTimeout   time.Duration
 }
 
@@ -78,6 +80,7 @@ func (c *Console) Register(f *Flags) {
 	f.String(&c.ProviderURL, "provider-url", "PROVIDER_URL", "", "payment provider the console's inquire action asks (empty: no inquire action)")
 	f.Duration(&c.ProviderTimeout, "provider-timeout", "PROVIDER_TIMEOUT", provider.DefaultTimeout, "give up on one provider inquiry after this long")
 	f.Duration(&c.RecentLogin, "recent-login", "CONSOLE_RECENT_LOGIN", web.DefaultRecentLogin, "how old a sign-in may be for actions that need a recent one; older: sign in again")
+	f.String(&c.RevealRoles, "reveal-roles", "CONSOLE_REVEAL_ROLES", roleList(web.DefaultRevealRoles()), "console roles that may reveal one sealed personal-data field with a reason (audited)")
 }
 
 // Scopes splits OIDC_SCOPES (spaces or commas); nil when unset.
@@ -127,6 +130,11 @@ func (c *Console) Validate() error {
 	ck.PositiveDuration("CONSOLE_WARN_RECONCILE_AGE", c.WarnReconcileAge)
 	ck.Positive("CONSOLE_WARN_DEAD", c.WarnDead)
 	ck.Positive("CONSOLE_BULK_RECENT_LOGIN_ABOVE", c.BulkRecentLogin)
+	if roles, err := auth.ParseRoles(c.RevealRoles); err != nil {
+		ck.Failf("CONSOLE_REVEAL_ROLES: %v", err)
+	} else {
+		c.RevealRoleList = roles // empty: the console's default
+	}
 	ck.PositiveDuration("CONSOLE_RECENT_LOGIN", c.RecentLogin)
 	if d, err := decimal.NewFromString(c.FourEyesAbove); err != nil || !d.IsPositive() {
 		ck.Failf("CONSOLE_FOUR_EYES_ABOVE: %q is not a positive amount (write 5000.00)", c.FourEyesAbove)
@@ -146,4 +154,12 @@ func validScope(s string) bool {
 		}
 	}
 	return s != ""
+}
+
+func roleList(roles []auth.Role) string {
+	names := make([]string, len(roles))
+	for i, r := range roles {
+		names[i] = string(r)
+	}
+	return strings.Join(names, ",")
 }
