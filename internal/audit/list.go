@@ -261,14 +261,11 @@ func decodeCursor(f Filter, token string) (int64, error) {
 	return seq, nil
 }
 
-// CountExactBelow is where Count stops counting and estimates.
-const CountExactBelow = 10_000
+// CountExactBelow and Total are db's: every list counts the same way.
+const CountExactBelow = db.CountExactBelow
 
-// Total is how many rows match a filter.
-type Total struct {
-	N        int64
-	Estimate bool // N is the planner's estimate: more than CountExactBelow matched
-}
+// Total is how many rows match a filter (db.Total).
+type Total = db.Total
 
 // Count counts the rows matching f: exactly up to CountExactBelow (it reads
 // at most that many plus one), above that the planner's estimate, flagged.
@@ -278,11 +275,11 @@ func Count(ctx context.Context, q db.Querier, f Filter) (Total, error) {
 	if err != nil {
 		return Total{}, err
 	}
-	n, estimate, err := db.CountOrEstimate(ctx, q, `audit_event e WHERE `+where, args, CountExactBelow)
+	total, err := db.CountTotal(ctx, q, `audit_event e WHERE `+where, args)
 	if err != nil {
 		return Total{}, fmt.Errorf("audit: count: %w", err)
 	}
-	return Total{N: n, Estimate: estimate}, nil
+	return total, nil
 }
 
 // Stored is one whole audit row as stored: the event (its Before and After

@@ -8,6 +8,22 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// CountExactBelow is where the list pages stop counting and estimate: an
+// exact count reads at most this many index entries plus one.
+const CountExactBelow = 10_000
+
+// Total is how many rows match a list's filter.
+type Total struct {
+	N        int64
+	Estimate bool // N is the planner's estimate: more than CountExactBelow matched
+}
+
+// CountTotal is CountOrEstimate at CountExactBelow, as a Total.
+func CountTotal(ctx context.Context, q Querier, fromWhere string, args pgx.NamedArgs) (Total, error) {
+	n, est, err := CountOrEstimate(ctx, q, fromWhere, args, CountExactBelow)
+	return Total{N: n, Estimate: est}, err
+}
+
 // CountOrEstimate counts the rows of `SELECT 1 FROM <fromWhere>` exactly up
 // to exactBelow (a count over a LIMIT'd subquery, so it reads at most that
 // many rows plus one); above that it returns the planner's row estimate

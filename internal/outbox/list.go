@@ -369,16 +369,11 @@ func decodeCursor(f Filter, oldest bool, token string) (uuid.UUID, error) {
 	return id, nil
 }
 
-// CountExactBelow is where Count stops counting and estimates: counting
-// stops reading after this many rows plus one, so an exact count costs at
-// most that many index entries.
-const CountExactBelow = 10_000
+// CountExactBelow and Total are db's: every list counts the same way.
+const CountExactBelow = db.CountExactBelow
 
-// Total is how many events match a filter.
-type Total struct {
-	N        int64
-	Estimate bool // N is the planner's estimate: more than CountExactBelow matched
-}
+// Total is how many rows match a filter (db.Total).
+type Total = db.Total
 
 // Count counts the events matching f: exactly up to CountExactBelow (a
 // count over a LIMIT'd subquery, so it reads at most that many rows plus
@@ -391,11 +386,11 @@ func Count(ctx context.Context, q db.Querier, f Filter) (Total, error) {
 	if err != nil {
 		return Total{}, err
 	}
-	n, est, err := db.CountOrEstimate(ctx, q, `outbox_event e WHERE `+where, args, CountExactBelow)
+	total, err := db.CountTotal(ctx, q, `outbox_event e WHERE `+where, args)
 	if err != nil {
 		return Total{}, fmt.Errorf("outbox: %w", err)
 	}
-	return Total{N: n, Estimate: est}, nil
+	return total, nil
 }
 
 // EventDetail is everything the console shows about one event.

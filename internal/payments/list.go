@@ -251,14 +251,11 @@ func decodeListCursor(f Filter, token string) (cursor, error) {
 	return c, nil
 }
 
-// CountExactBelow is where CountPayments stops counting and estimates.
-const CountExactBelow = 10_000
+// CountExactBelow and Total are db's: every list counts the same way.
+const CountExactBelow = db.CountExactBelow
 
-// Total is how many payments match a filter.
-type Total struct {
-	N        int64
-	Estimate bool // the planner's estimate: more than CountExactBelow matched
-}
+// Total is how many rows match a filter (db.Total).
+type Total = db.Total
 
 // CountPayments counts the payments matching f exactly up to
 // CountExactBelow (reading at most that many rows plus one), above that the
@@ -272,9 +269,9 @@ func CountPayments(ctx context.Context, q db.Querier, f Filter) (Total, error) {
 	if f.Status != "" {
 		where += " AND p.status = '" + string(f.Status) + "'"
 	}
-	n, est, err := db.CountOrEstimate(ctx, q, `payment p WHERE `+where, args, CountExactBelow)
+	total, err := db.CountTotal(ctx, q, `payment p WHERE `+where, args)
 	if err != nil {
 		return Total{}, fmt.Errorf("payments: %w", err)
 	}
-	return Total{N: n, Estimate: est}, nil
+	return total, nil
 }
