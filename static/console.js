@@ -139,7 +139,8 @@
     if (keys && keys.open) return; // the dialog closes itself on Esc
     if (pending) {
       pending = false;
-      var link = document.querySelector('nav a[data-key="' + e.key + '"]');
+      // Only a letter names a section (a quote would break the selector).
+      var link = /^[a-z]$/.test(e.key) && document.querySelector('nav a[data-key="' + e.key + '"]');
       if (link) { e.preventDefault(); link.click(); }
       return;
     }
