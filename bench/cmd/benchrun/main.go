@@ -225,7 +225,7 @@ func run(ctx context.Context, o options) error {
 					return runRelay(ctx, p, pub, n, o.relays, o.batch, true)
 				}})
 		}
-		if want(o.systems, "relay") {
+		if want(o.systems, "relay") && os.Getenv("BENCH_NO_BULK") == "" {
 			systems = append(systems, system{kind: "relay-bulk", config: fmt.Sprintf("%d relays, batch %d, ordered, while a bulk job discards %d× as many dead events", o.relays, o.batch, bulkDeadFactor),
 				rows: o.rows, pool: pool, preload: preloadOutboxAndJob, table: "outbox_event",
 				run: func(ctx context.Context, p *pgxpool.Pool, pub broker.Publisher, n int) (time.Duration, error) {
