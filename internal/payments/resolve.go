@@ -27,7 +27,26 @@ type details struct {
 
 // settle records a charge's outcome in one transaction. With a fence, the
 // caller must still hold the key's lease (locked_until = *fence).
-func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d details, fence *time.Time) (Record, error) {
+//
+// call, when not nil, is the provider call whose answer this is: it is
+// written in the same transaction when the lease still holds, and on its own
+// otherwise (recording never changes a payment's course).
+func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d details, fence *time.Time, call *callRecord) (Record, error) {
+	rec, err := s.settleTx(ctx, op, from, to, d, fence, call)
+	if err == nil || call == nil {
+		return rec, err
+	}
+	// The transaction did not keep the call: write it on its own; and as
+	// the failure may have been the call's insert, settle again without it.
+	s.recordCall(ctx, op, *call)
+	if errors.Is(err, ErrLeaseLost) || errors.Is(err, errStateChanged) {
+		return rec, err
+	}
+	s.log.Warn("payments: settle with the provider call's record", "operation_id", op, "err", err)
+	return s.settleTx(ctx, op, from, to, d, fence, nil)
+}
+
+func (s *Service) settleTx(ctx context.Context, op uuid.UUID, from, to Status, d details, fence *time.Time, call *callRecord) (Record, error) {
 	if to == StatusUnknown {
 		d.inquireAfter = s.cfg.InquiryBackoff
 	}
@@ -39,7 +58,25 @@ func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d d
 		d.inquireAfter = s.cfg.InquiryBackoff
 	}
 	rec, err := db.WithTxV(ctx, s.pool, func(tx pgx.Tx) (Record, error) {
-		if fence != nil {
+		switch {
+		case fence != nil && call != nil:
+			// The lease check and the call's record in one statement: the
+			// call is written only while this worker holds the key.
+			args := s.callArgs(op, *call)
+			args["fence"] = *fence
+			var held bool
+			err := tx.QueryRow(ctx, `
+				WITH lease AS (
+					SELECT 1 FROM idempotency_record WHERE operation_id = @op AND status = 'processing' AND locked_until = @fence FOR UPDATE),
+				call AS (`+insertCallSQL+` WHERE EXISTS (SELECT 1 FROM lease) RETURNING 1)
+				SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM call)`, args).Scan(&held, new(bool))
+			if err != nil {
+				return Record{}, fmt.Errorf("payments: check the lease of %s: %w", op, err)
+			}
+			if !held {
+				return Record{}, ErrLeaseLost
+			}
+		case fence != nil:
 			var one int
 			err := tx.QueryRow(ctx, `SELECT 1 FROM idempotency_record WHERE operation_id = $1 AND status = 'processing' AND locked_until = $2 FOR UPDATE`, op, *fence).Scan(&one)
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -47,6 +84,10 @@ func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d d
 			}
 			if err != nil {
 				return Record{}, fmt.Errorf("payments: check the lease of %s: %w", op, err)
+			}
+		case call != nil:
+			if _, err := tx.Exec(ctx, insertCallSQL, s.callArgs(op, *call)); err != nil {
+				return Record{}, fmt.Errorf("payments: record the provider call of %s: %w", op, err)
 			}
 		}
 		_, rec, err := transition(ctx, tx, op, from, to, d, s.nowArg(), s.cfg.Topic)

@@ -128,22 +128,25 @@ func (s *Service) recoverOne(ctx context.Context, op uuid.UUID, lease time.Time)
 	}
 	res, err := s.inquire(ctx, p)
 	to, d := StatusUnknown, details{}
+	var charged *callRecord // written by settle
 	switch {
 	case err == nil && res.Outcome.Definite():
 		to, d = outcomeOfCharge(res, nil)
 	case err == nil && res.Outcome == provider.NotFound:
 		// The provider never saw the charge: send it now, with the same
 		// operation id, so a late first attempt cannot charge twice.
-		cres, cerr := s.charge(ctx, provider.ChargeRequest{OperationID: p.OperationID, Amount: p.Amount, Currency: p.Currency})
+		cres, call, cerr := s.charge(ctx, provider.ChargeRequest{OperationID: p.OperationID, Amount: p.Amount, Currency: p.Currency})
 		if errors.Is(cerr, provider.ErrNotProcessed) {
 			// Nothing moved and nothing is known to be final: keep the key
 			// processing; the next lease expiry tries again.
+			s.recordCall(ctx, op, call)
 			return nil
 		}
 		to, d = outcomeOfCharge(cres, cerr)
+		charged = &call
 	}
 	s.log.Info("payments: recovered", "operation_id", op, "status", to)
-	_, err = s.settle(ctx, op, StatusProcessing, to, d, &lease)
+	_, err = s.settle(ctx, op, StatusProcessing, to, d, &lease, charged)
 	if errors.Is(err, ErrLeaseLost) || errors.Is(err, errStateChanged) {
 		return nil
 	}
