@@ -343,28 +343,16 @@ func (s *Service) reserve(ctx context.Context, rec Record, req Request, customer
 				return fmt.Errorf("payments: after ownership: %w", err)
 			}
 		}
-		// One answer whether the account is another merchant's or does not
-		// exist at all: a merchant learns nothing about others' accounts.
-		var currency string
-		err = tx.QueryRow(ctx, `SELECT currency FROM account WHERE account_id = $1 AND merchant_id = $2`, req.AccountID, rec.MerchantID).Scan(&currency)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return &rejection{status: 403, code: CodeAccountForbidden, message: "the account is not one of this merchant's accounts", outcome: "rejected"}
-		}
-		if err != nil {
-			return fmt.Errorf("payments: read account %d: %w", req.AccountID, err)
-		}
-		if currency != req.Currency {
-			return &rejection{status: 422, code: CodeCurrencyMismatch, message: "the account is kept in another currency", outcome: "rejected"}
-		}
 		custJSON, err := json.Marshal(customer.fields)
 		if err != nil {
 			return fmt.Errorf("payments: encode customer: %w", err)
 		}
 		p, err = scanPayment(tx.QueryRow(ctx, `
 			INSERT INTO payment (operation_id, merchant_id, invoice_id, payment_type, attempt, account_id, amount, currency, customer, customer_email_bidx, customer_tax_id_bidx, status, created_at, updated_at)
-			VALUES (@op, @merchant, @invoice, @type,
+			SELECT @op, @merchant, @invoice, @type,
 				(SELECT coalesce(max(attempt), 0) + 1 FROM payment WHERE merchant_id = @merchant AND invoice_id = @invoice AND payment_type = @type),
-				@account, @amount::numeric, @currency, @customer, @email_bidx, @tax_id_bidx, 'processing', @now, @now)
+				@account, @amount::numeric, @currency, @customer, @email_bidx, @tax_id_bidx, 'processing', @now, @now
+			FROM account a WHERE a.account_id = @account AND a.merchant_id = @merchant AND a.currency = @currency
 			RETURNING `+paymentCols, pgx.NamedArgs{
 			"op": rec.OperationID, "merchant": rec.MerchantID, "invoice": req.InvoiceID, "type": PaymentTypeCharge,
 			"account": req.AccountID, "amount": req.Amount.StringFixed(2), "currency": req.Currency, "customer": custJSON, "email_bidx": customer.emailBidx, "tax_id_bidx": customer.taxIDBidx, "now": now,
@@ -375,20 +363,20 @@ func (s *Service) reserve(ctx context.Context, rec Record, req Request, customer
 				return errInvoiceTaken
 			}
 		}
+		if errors.Is(err, ErrNotFound) {
+			// The insert reads the account: it is not this merchant's, or
+			// not in this currency.
+			return accountRejection(ctx, tx, rec.MerchantID, req)
+		}
 		if err != nil {
 			return fmt.Errorf("payments: insert payment: %w", err)
 		}
-		ok, err := s.reserveBalance(ctx, tx, req.AccountID, req.Amount.StringFixed(2), now)
+		ok, err := s.reserveBalance(ctx, tx, rec.OperationID, req.AccountID, req.Amount.StringFixed(2), now)
 		if err != nil {
 			return err
 		}
 		if !ok {
 			return &rejection{status: 402, code: CodeInsufficientFunds, message: "the account's available balance does not cover the amount", outcome: "insufficient_funds"}
-		}
-		if _, err := tx.Exec(ctx, `
-			INSERT INTO balance_reservation (operation_id, account_id, amount, status, created_at, updated_at)
-			VALUES ($1, $2, $3::numeric, 'active', $4, $4)`, rec.OperationID, req.AccountID, req.Amount.StringFixed(2), now); err != nil {
-			return fmt.Errorf("payments: insert reservation: %w", err)
 		}
 		return insertEvent(ctx, tx, s.kr, s.cfg.Topic, EventRequested, p, now, &customer.clear)
 	})
@@ -403,20 +391,44 @@ func (s *Service) reserve(ctx context.Context, rec Record, req Request, customer
 	return p, lease, nil
 }
 
+// accountRejection says why the payment insert found no account: one
+// answer whether the account is another merchant's or does not exist at
+// all (a merchant learns nothing about others' accounts), another when it
+// is the merchant's but kept in another currency.
+func accountRejection(ctx context.Context, tx pgx.Tx, merchantID string, req Request) error {
+	var currency string
+	err := tx.QueryRow(ctx, `SELECT currency FROM account WHERE account_id = $1 AND merchant_id = $2`, req.AccountID, merchantID).Scan(&currency)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return &rejection{status: 403, code: CodeAccountForbidden, message: "the account is not one of this merchant's accounts", outcome: "rejected"}
+	case err != nil:
+		return fmt.Errorf("payments: read account %d: %w", req.AccountID, err)
+	case currency != req.Currency:
+		return &rejection{status: 422, code: CodeCurrencyMismatch, message: "the account is kept in another currency", outcome: "rejected"}
+	}
+	return fmt.Errorf("payments: account %d of %s took no payment in %s", req.AccountID, merchantID, req.Currency)
+}
+
 // reserveBalance is the balance invariant in one conditional UPDATE: the
 // row lock makes a concurrent reservation wait and re-check against the new
 // value. It first tries the row lock without waiting, so that a wait — a
 // hot account — is seen and measured (sluice_payments_reservations_contended_total,
 // sluice_payments_reservation_lock_wait_seconds) without naming the account.
-func (s *Service) reserveBalance(ctx context.Context, tx pgx.Tx, account int64, amount string, now time.Time) (bool, error) {
+// A reservation that succeeds writes its balance_reservation row (op's), in
+// the same statement on the uncontended path.
+func (s *Service) reserveBalance(ctx context.Context, tx pgx.Tx, op uuid.UUID, account int64, amount string, now time.Time) (bool, error) {
 	var locked, reserved bool
 	err := tx.QueryRow(ctx, `
 		WITH l AS (SELECT account_id FROM account WHERE account_id = $1 FOR NO KEY UPDATE SKIP LOCKED),
 		u AS (
 			UPDATE account SET reserved = reserved + $2::numeric, updated_at = $3
 			WHERE account_id IN (SELECT account_id FROM l) AND balance - reserved >= $2::numeric
+			RETURNING 1),
+		r AS (
+			INSERT INTO balance_reservation (operation_id, account_id, amount, status, created_at, updated_at)
+			SELECT $4, $1, $2::numeric, 'active', $3, $3 WHERE EXISTS (SELECT 1 FROM u)
 			RETURNING 1)
-		SELECT EXISTS (SELECT 1 FROM l), EXISTS (SELECT 1 FROM u)`, account, amount, now).Scan(&locked, &reserved)
+		SELECT EXISTS (SELECT 1 FROM l), EXISTS (SELECT 1 FROM r)`, account, amount, now, op).Scan(&locked, &reserved)
 	if err != nil {
 		return false, fmt.Errorf("payments: reserve: %w", err)
 	}
@@ -433,7 +445,15 @@ func (s *Service) reserveBalance(ctx context.Context, tx pgx.Tx, account int64, 
 	if err != nil {
 		return false, fmt.Errorf("payments: reserve: %w", err)
 	}
-	return tag.RowsAffected() == 1, nil
+	if tag.RowsAffected() != 1 {
+		return false, nil
+	}
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO balance_reservation (operation_id, account_id, amount, status, created_at, updated_at)
+		VALUES ($1, $2, $3::numeric, 'active', $4, $4)`, op, account, amount, now); err != nil {
+		return false, fmt.Errorf("payments: insert reservation: %w", err)
+	}
+	return true, nil
 }
 
 // eventPayload is the JSON of payment.* events. Its fields are declared in

@@ -184,27 +184,16 @@ func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d
 		return Payment{}, Record{}, fmt.Errorf("payments: move %s from %s to %s: %w", op, from, to, err)
 	}
 	now := p.UpdatedAt
-	amount := p.Amount.StringFixed(2)
 	var eventType string
 	switch to {
 	case StatusCompleted:
-		if err := moveReservation(ctx, tx, op, ReservationFinalized, now); err != nil {
+		if err := moveBooks(ctx, tx, p, ReservationFinalized, now); err != nil {
 			return Payment{}, Record{}, err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE account SET balance = balance - $2::numeric, reserved = reserved - $2::numeric, updated_at = $3 WHERE account_id = $1`, p.AccountID, amount, now); err != nil {
-			return Payment{}, Record{}, fmt.Errorf("payments: finalize: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO ledger_entry (operation_id, account_id, entry_type, amount, currency, memo, created_at) VALUES ($1, $2, 'debit', $3::numeric, $4, $5, $6)`,
-			op, p.AccountID, amount, p.Currency, "payment "+p.InvoiceID, now); err != nil {
-			return Payment{}, Record{}, fmt.Errorf("payments: ledger: %w", err)
 		}
 		eventType = EventCompleted
 	case StatusFailed:
-		if err := moveReservation(ctx, tx, op, ReservationReleased, now); err != nil {
+		if err := moveBooks(ctx, tx, p, ReservationReleased, now); err != nil {
 			return Payment{}, Record{}, err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE account SET reserved = reserved - $2::numeric, updated_at = $3 WHERE account_id = $1`, p.AccountID, amount, now); err != nil {
-			return Payment{}, Record{}, fmt.Errorf("payments: release: %w", err)
 		}
 		eventType = EventFailed
 	case StatusUnknown:
@@ -227,13 +216,37 @@ func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d
 	return p, rec, nil
 }
 
-func moveReservation(ctx context.Context, tx pgx.Tx, op uuid.UUID, to string, now time.Time) error {
-	tag, err := tx.Exec(ctx, `UPDATE balance_reservation SET status = $2, updated_at = $3 WHERE operation_id = $1 AND status = 'active'`, op, to, now)
+// moveBooks moves the payment's active reservation to finalized (the
+// account is debited and the ledger gets its debit entry) or released (the
+// reserved amount is available again), in one statement: the account and
+// the ledger change only when the reservation was active.
+func moveBooks(ctx context.Context, tx pgx.Tx, p Payment, to string, now time.Time) error {
+	debit := to == ReservationFinalized
+	var moved int
+	err := tx.QueryRow(ctx, `
+		WITH r AS (
+			UPDATE balance_reservation SET status = $2, updated_at = $3
+			WHERE operation_id = $1 AND status = 'active'
+			RETURNING 1),
+		a AS (
+			UPDATE account SET balance = balance - CASE WHEN $6 THEN $5::numeric ELSE 0 END, reserved = reserved - $5::numeric, updated_at = $3
+			WHERE account_id = $4 AND EXISTS (SELECT 1 FROM r)
+			RETURNING 1),
+		l AS (
+			INSERT INTO ledger_entry (operation_id, account_id, entry_type, amount, currency, memo, created_at)
+			SELECT $1, $4, 'debit', $5::numeric, $7, $8, $3 WHERE $6 AND EXISTS (SELECT 1 FROM r)
+			RETURNING 1)
+		SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM a) + (SELECT count(*) FROM l)`,
+		p.OperationID, to, now, p.AccountID, p.Amount.StringFixed(2), debit, p.Currency, "payment "+p.InvoiceID).Scan(&moved)
 	if err != nil {
-		return fmt.Errorf("payments: move the reservation of %s to %s: %w", op, to, err)
+		return fmt.Errorf("payments: move the books of %s to %s: %w", p.OperationID, to, err)
 	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("payments: operation %s has no active reservation", op)
+	want := 2
+	if debit {
+		want = 3
+	}
+	if moved != want {
+		return fmt.Errorf("payments: operation %s has no active reservation (or its account is gone)", p.OperationID)
 	}
 	return nil
 }
