@@ -52,15 +52,17 @@ func (s *Service) RunWorkers(ctx context.Context) error {
 }
 
 // RecoverOnce takes over keys whose owner died. A key without a payment row
-// (the owner died between the ownership commit and the reserve transaction)
 // is released: nothing happened and nothing can have been charged (the
 // provider is only called after the payment commits), so the client's retry
-// with the same key runs the payment from the start. A key with a
+// with the same key runs the payment from the start. (The service takes a
+// key and writes its payment in one transaction, so it leaves no such key
+// itself; versions that committed the key first did, when their owner died
+// in between, and keys written by them may still be in the table.) A key with a
 // processing payment is claimed atomically, and its outcome is asked from
 // the provider before anything else: never a blind second charge.
 func (s *Service) RecoverOnce(ctx context.Context) (int, error) {
-	// The lease is the fence: an owner still alive extends it in its reserve
-	// transaction (row-locked), and this DELETE re-checks it after waiting.
+	// The lease is the fence (settle checks it, row-locked), and this DELETE
+	// re-checks it after waiting.
 	// Leases are compared on the database clock (dbNow), not this host's.
 	tag, err := s.pool.Exec(ctx, `
 		DELETE FROM idempotency_record r
