@@ -25,6 +25,17 @@ type Receipt struct {
 // MaxReceiptMessages bounds one ReceiptsOf call.
 const MaxReceiptMessages = 500
 
+const receiptsSQL = `
+		WITH c AS (SELECT consumer FROM inbox_consumer_shard UNION SELECT consumer FROM inbox_consumer)
+		SELECT m.message_id, m.consumer, m.processed_at, e.first_at, coalesce(e.n, 0)
+		  FROM unnest($1::text[]) AS ids(id)
+		  CROSS JOIN c
+		  JOIN inbox_message m ON m.consumer = c.consumer AND m.message_id = ids.id
+		  LEFT JOIN LATERAL (SELECT min(x.applied_at) AS first_at, count(*) AS n
+		                       FROM consume_effect x
+		                      WHERE x.consumer = m.consumer AND x.event_id = m.message_id) e ON true
+		 ORDER BY m.message_id, m.processed_at, m.consumer`
+
 // ReceiptsOf lists every consumer's inbox row (and reference effect) for
 // each of ids, by message then time. It never scans the inbox history: the
 // known consumers (a few counter rows) are crossed with the ids and each
@@ -37,16 +48,7 @@ func ReceiptsOf(ctx context.Context, q db.Querier, ids []string) ([]Receipt, err
 	if len(ids) > MaxReceiptMessages {
 		ids = ids[:MaxReceiptMessages]
 	}
-	rows, err := q.Query(ctx, `
-		WITH c AS (SELECT consumer FROM inbox_consumer_shard UNION SELECT consumer FROM inbox_consumer)
-		SELECT m.message_id, m.consumer, m.processed_at, e.first_at, coalesce(e.n, 0)
-		  FROM unnest($1::text[]) AS ids(id)
-		  CROSS JOIN c
-		  JOIN inbox_message m ON m.consumer = c.consumer AND m.message_id = ids.id
-		  LEFT JOIN LATERAL (SELECT min(x.applied_at) AS first_at, count(*) AS n
-		                       FROM consume_effect x
-		                      WHERE x.consumer = m.consumer AND x.event_id = m.message_id) e ON true
-		 ORDER BY m.message_id, m.processed_at, m.consumer`, ids)
+	rows, err := q.Query(ctx, receiptsSQL, ids)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: receipts: %w", err)
 	}

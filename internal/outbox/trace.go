@@ -13,6 +13,9 @@ import (
 // MaxAggregateEvents bounds OfAggregate.
 const MaxAggregateEvents = 200
 
+const ofAggregateSQL = `SELECT ` + rowColumns + ` FROM outbox_event
+	WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY aggregate_seq LIMIT $3`
+
 // OfAggregate lists the first limit (at most MaxAggregateEvents) events of
 // one aggregate in sequence order, along the unique index on
 // (aggregate_type, aggregate_id, aggregate_seq).
@@ -20,8 +23,7 @@ func OfAggregate(ctx context.Context, q db.Querier, aggregateType, aggregateID s
 	if limit <= 0 || limit > MaxAggregateEvents {
 		limit = MaxAggregateEvents
 	}
-	rows, err := q.Query(ctx, `SELECT `+rowColumns+` FROM outbox_event
-		WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY aggregate_seq LIMIT $3`, aggregateType, aggregateID, limit)
+	rows, err := q.Query(ctx, ofAggregateSQL, aggregateType, aggregateID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: events of %s %s: %w", aggregateType, aggregateID, err)
 	}
