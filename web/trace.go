@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,6 +35,11 @@ const traceAuditRows = 50
 
 // traceURL is the trace page of one thing.
 func traceURL(kind, id string) string { return "/trace/" + kind + "/" + id }
+
+// aggregateTraceURL is an aggregate's trace page, its type and id escaped.
+func aggregateTraceURL(typ, id string) string {
+	return traceURL(traceKindAggregate, url.PathEscape(typ+":"+id))
+}
 
 // trace is GET /trace/{kind}/{id}: one operation end to end, in time order.
 func (a *App) trace(c echo.Context) error {
@@ -66,6 +72,11 @@ func (a *App) trace(c echo.Context) error {
 		b.title = "Payment " + op.String()
 		err = a.tracePayment(ctx, b, op, nil)
 	case traceKindAggregate:
+		// Aggregate ids are the writers' own strings: the link escapes
+		// them (aggregateTraceURL), so read them unescaped.
+		if u, perr := url.PathUnescape(raw); perr == nil {
+			raw = u
+		}
 		typ, id, ok := strings.Cut(raw, ":")
 		if !ok || typ == "" || id == "" {
 			return badRequest("An aggregate is written type:id, for example order:0190f3a2-7c1e-7d4b-9a51-1f2e3d4c5b6a or payment:<operation id>.")
@@ -204,7 +215,7 @@ func (a *App) traceEvent(ctx context.Context, b *traceBuilder, id uuid.UUID) err
 	if err != nil {
 		return err
 	}
-	b.aggregate = traceURL(traceKindAggregate, e.AggregateType+":"+e.AggregateID)
+	b.aggregate = aggregateTraceURL(e.AggregateType, e.AggregateID)
 	if e.AggregateType == payments.AggregateType {
 		if op, perr := uuid.Parse(e.AggregateID); perr == nil {
 			err := a.tracePayment(ctx, b, op, &e)

@@ -222,6 +222,25 @@ func TestTraceRefusals(t *testing.T) {
 	}
 }
 
+// An aggregate id with characters a path must escape is found through the
+// link the event's trace gives.
+func TestTraceOfAnAggregateWithAnEscapedID(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	id := "tenant 7/order #42?x=%41"
+	ids := insertTraced(t, h, "order", id, 1)
+	b, _ := h.signedIn(t, "support")
+	_, body := b.get(t, h.base+"/trace/event/"+ids[0].String(), "text/html")
+	href, _ := doc(t, body).Find(`[data-testid="aggregate-trace"]`).Attr("href")
+	resp, body := b.get(t, h.base+href, "text/html")
+	if resp.StatusCode != http.StatusOK || kindCounts(traceSteps(t, body))["event"] != 1 {
+		t.Fatalf("%s: %d, steps %v", href, resp.StatusCode, kindCounts(traceSteps(t, body)))
+	}
+	if !strings.Contains(doc(t, body).Find("h1").Text(), id) {
+		t.Errorf("title %q, want the aggregate id %q", doc(t, body).Find("h1").Text(), id)
+	}
+}
+
 // With CONSOLE_TRACE_URL the trace id links to the trace UI.
 func TestTraceLinksTheTraceUI(t *testing.T) {
 	t.Parallel()
