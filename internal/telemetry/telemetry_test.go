@@ -2,10 +2,13 @@ package telemetry
 
 import (
 	"context"
+	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
@@ -84,4 +87,31 @@ func TestStartIsANoopWhenOff(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // nothing listens on port 1: do not wait for the flush
 	_ = on.Close(ctx)
+}
+
+// A statement inside a recorded span gets a child span with its text; one
+// outside any (background polling) gets none.
+func TestQueryTracerSpansOnlyInsideATrace(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	q := NewQueryTracer(tp)
+	ctx := q.TraceQueryStart(context.Background(), nil, pgx.TraceQueryStartData{SQL: "SELECT 1"})
+	q.TraceQueryEnd(ctx, nil, pgx.TraceQueryEndData{})
+	if n := len(exp.GetSpans()); n != 0 {
+		t.Fatalf("%d spans outside a trace", n)
+	}
+	pctx, parent := Tracer(tp).Start(context.Background(), "request")
+	ctx = q.TraceQueryStart(pctx, nil, pgx.TraceQueryStartData{SQL: "\n\t\tINSERT INTO payment (a) VALUES ($1)", Args: []any{"secret@example.com"}})
+	q.TraceQueryEnd(ctx, nil, pgx.TraceQueryEndData{})
+	parent.End()
+	spans := exp.GetSpans()
+	if len(spans) != 2 || spans[0].Name != "db INSERT" || spans[0].Parent.SpanID() != parent.SpanContext().SpanID() {
+		t.Fatalf("spans %+v", spans)
+	}
+	for _, a := range spans[0].Attributes {
+		if strings.Contains(a.Value.String(), "secret@example.com") {
+			t.Errorf("attribute %s carries an argument", a.Key)
+		}
+	}
 }
