@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -47,6 +46,7 @@ type options struct {
 	profileSys  string
 	poolSize    int
 	explain     bool
+	workloads   string
 }
 
 func main() {
@@ -66,6 +66,7 @@ func main() {
 	flag.StringVar(&o.profileSys, "profile", "relay", "system whose runs -cpuprofile covers")
 	flag.IntVar(&o.poolSize, "pool", 10, "connections per system's pool (the same for all)")
 	flag.BoolVar(&o.explain, "explain", false, "print EXPLAIN (ANALYZE, BUFFERS) of the claim and mark half-way through a drain of -rows, then exit")
+	flag.StringVar(&o.workloads, "workloads", "", "comma list of workloads (default all): "+strings.Join(workloadNames(), ","))
 	flag.Parse()
 	def := func(v *int, full, quick int) {
 		if *v == 0 {
@@ -132,6 +133,7 @@ type report struct {
 	Notes    []string       `json:"notes"`
 	Configs  []*config      `json:"configs"`
 	Ratios   []ratio        `json:"ratios"`
+	extraReport
 }
 
 func run(ctx context.Context, o options) error {
@@ -198,6 +200,12 @@ func run(ctx context.Context, o options) error {
 		fmt.Printf("pgbench -N: %.0f TPS (%d clients, %ds)\n", tps, clients, o.pgbenchSecs)
 	}
 
+	if err := runWorkloads(ctx, o, rep, newDB); err != nil {
+		return err
+	}
+	if !wantWorkload(o, "r1") {
+		return finish(rep, o)
+	}
 	want := func(list, x string) bool { return list == "" || slices.Contains(strings.Split(list, ","), x) }
 	type system struct {
 		kind, config string
@@ -386,13 +394,8 @@ func run(ctx context.Context, o options) error {
 		"bare (null sink) publishes nothing; bare (nats) sends the batch as async JetStream publishes and waits once for all acks",
 		"watermill: nats sink only, fewer rows (it is one message at a time)",
 		"process_cpu_seconds covers the whole bench process, the embedded NATS server included")
-	rep.Finished = time.Now().UTC()
 	printTable(rep)
-	if err := os.MkdirAll(dirOf(o.out), 0o755); err != nil {
-		return err
-	}
-	b, _ := json.MarshalIndent(rep, "", "  ")
-	return os.WriteFile(o.out, append(b, '\n'), 0o644)
+	return finish(rep, o)
 }
 
 func median(sorted []float64) float64 {
