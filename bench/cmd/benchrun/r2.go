@@ -53,7 +53,7 @@ func (r r2Run) sustainable() bool {
 }
 
 func runR2(ctx context.Context, e *workloadEnv) error {
-	secs := e.size(60, 6)
+	secs := e.size(60, 5)
 	spool, err := e.newDB("r2")
 	if err != nil {
 		return err

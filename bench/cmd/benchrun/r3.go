@@ -96,7 +96,7 @@ func preloadRiverPlan(ctx context.Context, pool *pgxpool.Pool, plan []int) error
 }
 
 func runR3(ctx context.Context, e *workloadEnv) error {
-	rows := e.size(e.o.rows, 20000)
+	rows := e.size(e.o.rows, 10000)
 	plan := r3Plan(rows)
 	spool, err := e.newDB("r3")
 	if err != nil {

@@ -97,9 +97,19 @@ func runR5(ctx context.Context, e *workloadEnv) error {
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE status = 'published'`).Scan(&published); err != nil {
 			return err
 		}
+		// Claimed more than once: a killed relay's claims taken over after
+		// their lease (duplicates only where it had already published them).
+		var reclaimed int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE attempts > 1`).Scan(&reclaimed); err != nil {
+			return err
+		}
 		ok = ok && res.lost == 0 && published == rows
-		fmt.Printf("  run %d: %d events, %d distinct at the sink, %d duplicates, %d lost, %d marked published, resume %v, %.2fs\n",
-			r+1, rows, rows-res.lost, res.dups, res.lost, published, res.resume, res.el.Seconds())
+		fmt.Printf("  run %d: %d events, %d distinct at the sink, %d duplicates, %d lost, %d marked published, %d claimed twice, resume %v, %.2fs\n",
+			r+1, rows, rows-res.lost, res.dups, res.lost, published, reclaimed, res.resume, res.el.Seconds())
+		if dups.Details == nil {
+			dups.Details = map[string]any{}
+		}
+		dups.Details[fmt.Sprintf("run%d_claimed_twice", r+1)] = reclaimed
 		dups.Runs = append(dups.Runs, float64(res.dups))
 		lost.Runs = append(lost.Runs, float64(res.lost))
 		for _, d := range res.resume {

@@ -165,6 +165,10 @@ func runWorkloads(ctx context.Context, o options, rep *report, newDB func(string
 			return fmt.Errorf("%s: %w", w.name, err)
 		}
 		rep.Timing = append(rep.Timing, wlDuration{w.name, time.Since(start).Seconds()})
+		// Keep what is measured so far should a later workload fail.
+		if err := writeReport(rep, o); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -172,6 +176,10 @@ func runWorkloads(ctx context.Context, o options, rep *report, newDB func(string
 func finish(rep *report, o options) error {
 	rep.Finished = time.Now().UTC()
 	printWorkloads(rep)
+	return writeReport(rep, o)
+}
+
+func writeReport(rep *report, o options) error {
 	if err := os.MkdirAll(dirOf(o.out), 0o755); err != nil {
 		return err
 	}
