@@ -1,6 +1,7 @@
 // Command benchrun runs Sluice's benchmark workloads against same-run
 // baselines and prints one table of ratios; bench/run is its front door
-// (see bench/README.md). Only R1 (burn-down) exists so far.
+// (see bench/README.md): R1 (burn-down) here, the other workloads in their
+// own files (r2.go … w1.go, see workloads.go).
 package main
 
 import (
