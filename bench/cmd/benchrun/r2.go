@@ -105,7 +105,11 @@ func runR2(ctx context.Context, e *workloadEnv) error {
 			rs := runs[sys+strconv.Itoa(rate)]
 			p50, p99, p999, ach := &wlResult{}, &wlResult{}, &wlResult{}, 0.0
 			sustainable := true
+			var backlog, notArrived, drainMS []float64
 			for _, r := range rs {
+				backlog = append(backlog, float64(r.backlogAtEnd))
+				notArrived = append(notArrived, float64(r.lost))
+				drainMS = append(drainMS, ms(r.drain))
 				p50.Runs = append(p50.Runs, pct(r.lat, 50))
 				p99.Runs = append(p99.Runs, pct(r.lat, 99))
 				p999.Runs = append(p999.Runs, pct(r.lat, 99.9))
@@ -120,7 +124,8 @@ func runR2(ctx context.Context, e *workloadEnv) error {
 				cfg = riverConfigs[0].Name
 			}
 			details := map[string]any{"achieved_rate": ach, "sustainable": sustainable, "seconds": secs,
-				"p50_ms": p50.settle().Median, "p99_9_ms": p999.settle().Median}
+				"p50_ms": p50.settle().Median, "p99_9_ms": p999.settle().Median,
+				"backlog_at_last_commit": backlog, "not_arrived": notArrived, "drain_after_last_commit_ms": drainMS}
 			*p99 = wlResult{Workload: "R2", Metric: fmt.Sprintf("p99 at %d/s (got %.0f/s; p50 %s ms)", rate, ach, fmtVal(p50.Median)),
 				System: sys, Config: cfg, Unit: "ms", Runs: p99.Runs, Details: details}
 			p99.settle()

@@ -94,7 +94,7 @@ func runW1(ctx context.Context, e *workloadEnv) error {
 		return err
 	}
 	defer cleanup()
-	counts := []int{1, 5000}
+	counts := []int{1, 1000, 5000}
 	if e.o.quick {
 		counts = []int{1, 1000}
 	}
@@ -201,6 +201,14 @@ func runW1(ctx context.Context, e *workloadEnv) error {
 		}
 		for _, c := range clients {
 			c.conn.Close()
+		}
+		// The next round reuses the sessions: wait until the console has let
+		// these sockets go (8 per session at most).
+		if err := waitFor(ctx, func() (bool, error) {
+			m, err := cp.read()
+			return err == nil && num(m, "clients") == 0, err
+		}); err != nil {
+			return err
 		}
 		slices.Sort(lat)
 		steps := num(after, "steps") - num(before, "steps")
