@@ -248,11 +248,13 @@ func r2Relay(ctx context.Context, e *workloadEnv, pool *pgxpool.Pool, rate, secs
 	defer cancel()
 	notifier := outbox.NewNotifier(prod, 0, nil)
 	wg.Go(func() { _ = notifier.Run(rctx) })
+	var relays []*outbox.Relay
 	for i := range e.o.relays {
 		r, err := outbox.NewRelay(pool, sink, outbox.RelayConfig{Name: fmt.Sprintf("r2-%d", i), BatchSize: e.o.batch}, nil, nil)
 		if err != nil {
 			return r2Run{}, err
 		}
+		relays = append(relays, r)
 		wg.Go(func() { _ = r.Run(rctx) })
 	}
 	time.Sleep(300 * time.Millisecond) // listeners up
@@ -276,7 +278,35 @@ func r2Relay(ctx context.Context, e *workloadEnv, pool *pgxpool.Pool, rate, secs
 	if err != nil {
 		return r2Run{}, err
 	}
-	return r2Measure(ctx, sink, commits, achieved, last, rate), nil
+	res := r2Measure(ctx, sink, commits, achieved, last, rate)
+	if res.lost > 0 {
+		r2Diagnose(ctx, pool, relays)
+	}
+	return res, nil
+}
+
+// r2Diagnose prints what the relays and their database are doing when
+// events did not arrive: a stalled relay, not a slow one, is a bug to chase.
+func r2Diagnose(ctx context.Context, pool *pgxpool.Pool, relays []*outbox.Relay) {
+	for _, r := range relays {
+		fmt.Printf("    diagnose: %s %+v\n", r.Config().Name, r.Stats())
+	}
+	var pending, leased, future int
+	_ = pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE locked_until > now()),
+		count(*) FILTER (WHERE available_at > now()) FROM outbox_event WHERE status = 'pending'`).Scan(&pending, &leased, &future)
+	fmt.Printf("    diagnose: %d pending, %d under a live lease, %d not yet available\n", pending, leased, future)
+	rows, err := pool.Query(ctx, `SELECT coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(wait_event, ''),
+		left(regexp_replace(query, '\s+', ' ', 'g'), 90) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+	if err != nil {
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var st, wt, we, q string
+		if rows.Scan(&st, &wt, &we, &q) == nil {
+			fmt.Printf("    diagnose: backend %s %s/%s %s\n", st, wt, we, q)
+		}
+	}
 }
 
 func r2River(ctx context.Context, pool *pgxpool.Pool, rate, secs int) (r2Run, error) {
