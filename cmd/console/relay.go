@@ -35,6 +35,7 @@ func runRelay(ctx context.Context, e env, args []string) error {
 		Backoff:            outbox.Backoff{Base: c.BackoffBase, Cap: c.BackoffCap},
 		DisableOrdering:    !c.Ordering,
 		PublishConcurrency: c.PublishConcurrency,
+		Shards:             c.Shards,
 	}, w.log, w.reg)
 	if err != nil {
 		return err
