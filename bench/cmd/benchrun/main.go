@@ -47,6 +47,7 @@ type options struct {
 	profileSys  string
 	poolSize    int
 	explain     bool
+	consumeRows int
 }
 
 func main() {
@@ -66,6 +67,7 @@ func main() {
 	flag.StringVar(&o.profileSys, "profile", "relay", "system whose runs -cpuprofile covers")
 	flag.IntVar(&o.poolSize, "pool", 10, "connections per system's pool (the same for all)")
 	flag.BoolVar(&o.explain, "explain", false, "print EXPLAIN (ANALYZE, BUFFERS) of the claim and mark half-way through a drain of -rows, then exit")
+	flag.IntVar(&o.consumeRows, "consume-rows", 0, "C1 (consume, consume-drain) events (default 200000; quick 50000; the order check of issue 12 uses 1000000)")
 	flag.Parse()
 	def := func(v *int, full, quick int) {
 		if *v == 0 {
@@ -79,6 +81,7 @@ func main() {
 	def(&o.wmRows, 20000, 5000)
 	def(&o.runs, 3, 1)
 	def(&o.pgbenchSecs, 20, 8)
+	def(&o.consumeRows, 200000, 50000)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -268,6 +271,29 @@ func run(ctx context.Context, o options) error {
 		defer pool.Close()
 		systems = append(systems, system{kind: "watermill", config: "watermill-sql v4 forwarder, default schema, batch 100", sinks: []string{"nats"}, rows: o.wmRows, pool: pool,
 			preload: preloadWatermill, table: "watermill_" + wmForwarderTopic, run: runWatermill})
+	}
+
+	if want(o.systems, "consume") {
+		// C1 (consume.go): the sharded consumer, with and without the relays.
+		pool, err := newDB("consume")
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := migrateSluice(ctx, pool); err != nil {
+			return fmt.Errorf("migrate consume: %w", err)
+		}
+		for _, c := range []struct {
+			kind string
+			run  func(context.Context, *pgxpool.Pool, broker.Publisher, int, int, int) (time.Duration, error)
+		}{{"consume", runConsume}, {"consume-drain", runConsumeDrain}} {
+			kind, run := c.kind, c.run
+			systems = append(systems, system{kind: kind, config: consumeConfig(o), sinks: []string{"nats"}, rows: o.consumeRows, pool: pool,
+				preload: preloadConsume, table: "consume_effect",
+				run: func(ctx context.Context, p *pgxpool.Pool, pub broker.Publisher, n int) (time.Duration, error) {
+					return run(ctx, p, pub, n, o.relays, o.batch)
+				}})
+		}
 	}
 
 	var sinks []sink
