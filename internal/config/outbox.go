@@ -22,7 +22,7 @@ type Broker struct {
 func (b *Broker) register(f *Flags) {
 	f.String(&b.URL, "broker-url", "BROKER_URL", "", "nats://host:4222 (NATS JetStream) or amqp://user:pass@host:5672/ (RabbitMQ)")
 	f.String(&b.Namespace, "broker-namespace", "BROKER_NAMESPACE", broker.DefaultNamespace, "NATS subject prefix and stream name / RabbitMQ exchange name")
-	f.Int(&b.Shards, "shards", "OUTBOX_SHARDS", 0, "publish / read events on this many shards by aggregate (NATS JetStream; 0: unsharded); relays and consumers must agree")
+	f.Int(&b.Shards, "shards", "OUTBOX_SHARDS", 0, "publish / read events on this many shards by aggregate (0: unsharded); relays and consumers must agree")
 }
 
 func (b *Broker) check(ck *Check) {
@@ -36,9 +36,6 @@ func (b *Broker) check(ck *Check) {
 	}
 	if b.Shards < 0 || b.Shards > broker.MaxShards {
 		ck.Failf("OUTBOX_SHARDS must be 0 (unsharded) to %d (got %d)", broker.MaxShards, b.Shards)
-	}
-	if b.Shards > 0 && (strings.HasPrefix(b.URL, "amqp://") || strings.HasPrefix(b.URL, "amqps://")) {
-		ck.Failf("OUTBOX_SHARDS is supported with NATS JetStream only so far; set it to 0 with RabbitMQ")
 	}
 }
 

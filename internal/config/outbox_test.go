@@ -123,7 +123,6 @@ func TestConsumeConfigReadsTheShards(t *testing.T) {
 		{map[string]string{"OUTBOX_SHARDS": "16", "CONSUME_SHARDS_OWNED": "x"}, "CONSUME_SHARDS_OWNED"},
 		{map[string]string{"CONSUME_SHARDS_OWNED": "1"}, "CONSUME_SHARDS_OWNED needs OUTBOX_SHARDS"},
 		{map[string]string{"OUTBOX_SHARDS": "-1"}, "OUTBOX_SHARDS"},
-		{map[string]string{"OUTBOX_SHARDS": "4", "BROKER_URL": "amqp://h/"}, "OUTBOX_SHARDS is supported with NATS"},
 		{map[string]string{"CONSUME_BATCH_SIZE": "0"}, "CONSUME_BATCH_SIZE"},
 	} {
 		if _, err := parse(tc.env); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -101,6 +101,16 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 	if retry <= 0 {
 		retry = 2 * time.Second
 	}
+	// Brokers whose publishes need a queue to exist (RabbitMQ's mandatory
+	// publishes) get every shard's queue now, owned or not, so no shard's
+	// events are refused while nobody runs it.
+	if d, ok := sub.(interface {
+		DeclareShardQueues(consumer string, shards int) error
+	}); ok {
+		if err := d.DeclareShardQueues(c.Name, c.Shards); err != nil {
+			return fmt.Errorf("inbox: declare shard queues: %w", err)
+		}
+	}
 	var (
 		lockConn *pgxpool.Conn
 		wg       sync.WaitGroup
