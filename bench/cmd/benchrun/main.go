@@ -61,7 +61,7 @@ func main() {
 	flag.IntVar(&o.batch, "batch", 100, "relay and bare-loop batch size")
 	flag.IntVar(&o.pgbenchSecs, "pgbench-seconds", 0, "pgbench -N duration (default 20; quick 8; 0 skips with -pgbench-seconds=-1)")
 	flag.StringVar(&o.out, "out", "results/latest.json", "JSON results file")
-	flag.StringVar(&o.systems, "systems", "", "comma list of systems to run (default all): relay (with relay-bulk, the relay under a bulk job),bare,river,watermill")
+	flag.StringVar(&o.systems, "systems", "", "comma list of systems to run (default all): relay (with relay-bulk, the relay under a bulk job),bare,river,watermill,consume,consume-drain")
 	flag.StringVar(&o.sinks, "sinks", "null,nats", "comma list of sinks: null,nats")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the -profile system's runs to FILE-<sink>.pprof")
 	flag.StringVar(&o.profileSys, "profile", "relay", "system whose runs -cpuprofile covers")
@@ -273,7 +273,7 @@ func run(ctx context.Context, o options) error {
 			preload: preloadWatermill, table: "watermill_" + wmForwarderTopic, run: runWatermill})
 	}
 
-	if want(o.systems, "consume") {
+	if want(o.systems, "consume") || want(o.systems, "consume-drain") {
 		// C1 (consume.go): the sharded consumer, with and without the relays.
 		pool, err := newDB("consume")
 		if err != nil {
@@ -288,6 +288,9 @@ func run(ctx context.Context, o options) error {
 			run  func(context.Context, *pgxpool.Pool, broker.Publisher, int, int, int) (time.Duration, error)
 		}{{"consume", runConsume}, {"consume-drain", runConsumeDrain}} {
 			kind, run := c.kind, c.run
+			if !want(o.systems, kind) {
+				continue
+			}
 			systems = append(systems, system{kind: kind, config: consumeConfig(o), sinks: []string{"nats"}, rows: o.consumeRows, pool: pool,
 				preload: preloadConsume, table: "consume_effect",
 				run: func(ctx context.Context, p *pgxpool.Pool, pub broker.Publisher, n int) (time.Duration, error) {
