@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/inbox"
@@ -38,7 +40,24 @@ func runConsume(ctx context.Context, e env, args []string) error {
 		if !ok {
 			return fmt.Errorf("consume: this broker cannot read shards; set OUTBOX_SHARDS=0")
 		}
-		sc := &inbox.ShardedConsumer{Inbox: in, Name: c.Consumer, Shards: c.Shards, Owned: c.Owned, Batch: c.BatchSize}
+		// A connection per shard it may run, plus the one that holds the
+		// shard locks: the default pool (4 on 2 cores) would serialize them.
+		running := c.Shards
+		if c.Owned != nil {
+			running = len(c.Owned)
+		}
+		pcfg := w.pool.Config()
+		pcfg.MaxConns = int32(min(running, 32) + 1)
+		spool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			return fmt.Errorf("consume: database pool: %w", err)
+		}
+		defer spool.Close()
+		sin, err := inbox.Open(spool, inbox.WithMetrics(w.reg), inbox.WithLogger(log))
+		if err != nil {
+			return err
+		}
+		sc := &inbox.ShardedConsumer{Inbox: sin, Name: c.Consumer, Shards: c.Shards, Owned: c.Owned, Batch: c.BatchSize}
 		log.Info("consumer started", "consumer", c.Consumer, "shards", c.Shards, "owned", c.ShardsOwned)
 		err = sc.Run(ctx, sub)
 		n := sc.Counts()
