@@ -367,7 +367,9 @@ func run(ctx context.Context, o options) error {
 					return err
 				}
 				cpu0 := cpuTime()
-				rctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+				// 15 minutes per 200,000 events (C1's 1,000,000-event check
+				// needs more on a loaded machine).
+				rctx, cancel := context.WithTimeout(ctx, max(15*time.Minute, time.Duration(s.rows/200000)*15*time.Minute))
 				el, err := s.run(rctx, s.pool, sk, s.rows)
 				cancel()
 				cpu := cpuTime() - cpu0
