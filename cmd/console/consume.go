@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/inbox"
 )
@@ -12,7 +16,10 @@ func runConsume(ctx context.Context, e env, args []string) error {
 	if _, err := configure(e, "consume", "Reference consumer: reads events from the broker on a durable subscription and applies\n"+
 		"each one once through the inbox. Its effect records one consume_effect row per event\n"+
 		"(event id, topic, type, aggregate, sequence; never the payload); an event older than\n"+
-		"its aggregate's last applied sequence is dropped as stale. Stops cleanly on SIGINT/SIGTERM.", &c, args, nil); err != nil {
+		"its aggregate's last applied sequence is dropped as stale. Stops cleanly on SIGINT/SIGTERM.\n"+
+		"With --shards N (the relays' OUTBOX_SHARDS) it reads the N shards in parallel, each in order,\n"+
+		"a batch per transaction; processes split the shards between them (a PostgreSQL lock per shard)\n"+
+		"and take over a stopped process's shards.", &c, args, nil); err != nil {
 		return err
 	}
 	w, err := openBrokerWorker(ctx, e, "consume", c.Common, c.Broker)
@@ -26,6 +33,35 @@ func runConsume(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	if err := w.serveMetrics(c.MetricsAddr); err != nil {
+		return err
+	}
+	if c.Shards > 0 {
+		sub, ok := w.broker.(broker.ShardSubscriber)
+		if !ok {
+			return fmt.Errorf("consume: this broker cannot read shards; set OUTBOX_SHARDS=0")
+		}
+		// A connection per shard it may run, plus the one that holds the
+		// shard locks: the default pool (4 on 2 cores) would serialize them.
+		running := c.Shards
+		if c.Owned != nil {
+			running = len(c.Owned)
+		}
+		pcfg := w.pool.Config()
+		pcfg.MaxConns = int32(min(running, 32) + 1)
+		spool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			return fmt.Errorf("consume: database pool: %w", err)
+		}
+		defer spool.Close()
+		sin, err := inbox.Open(spool, inbox.WithMetrics(w.reg), inbox.WithLogger(log))
+		if err != nil {
+			return err
+		}
+		sc := &inbox.ShardedConsumer{Inbox: sin, Name: c.Consumer, Shards: c.Shards, Owned: c.Owned, Batch: c.BatchSize}
+		log.Info("consumer started", "consumer", c.Consumer, "shards", c.Shards, "owned", c.ShardsOwned)
+		err = sc.Run(ctx, sub)
+		n := sc.Counts()
+		log.Info("consumer stopped", "consumer", c.Consumer, "applied", n.Applied, "duplicates", n.Duplicates, "stale", n.Stale)
 		return err
 	}
 	consumer := &inbox.Consumer{Inbox: in, Name: c.Consumer, Tracing: w.tracing.Provider()}

@@ -36,6 +36,7 @@ func runRelay(ctx context.Context, e env, args []string) error {
 		DisableOrdering:    !c.Ordering,
 		PublishConcurrency: c.PublishConcurrency,
 		Tracing:            w.tracing.Provider(),
+		Shards:             c.Shards,
 	}, w.log, w.reg)
 	if err != nil {
 		return err

@@ -31,7 +31,48 @@ type Message struct {
 	EventType     string
 	Payload       []byte // JSON
 	Headers       map[string]string
+	// Shards > 0 publishes the message on shard Shard of Shards (see
+	// ShardOf): NATS subject "<ns>.s<Shards>.<Shard>.<topic>", RabbitMQ
+	// routing key "s<Shards>.<Shard>.<topic>". 0: unsharded ("<ns>.<topic>").
+	Shards, Shard int
+	// Position is where a sharded subscription read the message in its
+	// shard (the JetStream stream sequence), increasing; 0 when the broker
+	// has none. Consumers store it with their effects to resume exactly.
+	Position uint64
 }
+
+// ShardOf is the shard, in [0, shards), of an aggregate: FNV-1a of its type
+// and id, so every event of one aggregate lands on one shard, on every
+// relay, in every version. shards <= 0 gives 0.
+func ShardOf(aggregateType, aggregateID string, shards int) int {
+	if shards <= 1 {
+		return 0
+	}
+	// FNV-1a, 32 bits, written out so the hash is pinned here and not by a
+	// library's choice.
+	h := uint32(2166136261)
+	add := func(s string) {
+		for i := 0; i < len(s); i++ {
+			h ^= uint32(s[i])
+			h *= 16777619
+		}
+	}
+	add(aggregateType)
+	add("\x00")
+	add(aggregateID)
+	return int(h % uint32(shards))
+}
+
+// ShardToken is the subject / routing key tokens that carry a shard:
+// "s<shards>.<shard>". The count is part of it, so events published under
+// another shard count never mix with these.
+func ShardToken(shards, shard int) string {
+	return fmt.Sprintf("s%d.%d", shards, shard)
+}
+
+// MaxShards bounds a shard count: each shard is a subscription, a queue and
+// a lock.
+const MaxShards = 1024
 
 // Publisher sends a message and returns only once the broker has accepted it
 // (JetStream ack / RabbitMQ publisher confirm). A nil error means stored.
@@ -61,6 +102,33 @@ type Handler func(ctx context.Context, msg Message) error
 // It returns an error when it can no longer consume.
 type Subscriber interface {
 	Subscribe(ctx context.Context, consumer string, h Handler) error
+}
+
+// BatchHandler handles one batch of a shard's messages, in shard order. A
+// nil error acknowledges the whole batch; an error hands the whole batch
+// back (the subscription ends with that error and is started again from the
+// consumer's own stored position, or the broker redelivers the batch).
+type BatchHandler func(ctx context.Context, batch []Message) error
+
+// ShardSubscription names one shard's ordered subscription.
+type ShardSubscription struct {
+	Consumer string // durable name / queue prefix: ValidateConsumer
+	Shards   int    // shard count the relays publish with (1..MaxShards)
+	Shard    int    // in [0, Shards)
+	Batch    int    // most messages per BatchHandler call (default 500)
+	// After is the position of the last message the consumer committed (0:
+	// none); the subscription starts right after it. Adapters without
+	// positions (RabbitMQ) ignore it.
+	After uint64
+}
+
+// ShardSubscriber reads one shard's messages in order and hands them to h
+// in batches of at most Batch, each batch as soon as it is available, until
+// ctx ends (nil) or h fails (h's error). Only one reader may run a shard at
+// a time: the caller provides that exclusivity (inbox.ShardedConsumer
+// holds a PostgreSQL lock per shard).
+type ShardSubscriber interface {
+	SubscribeShard(ctx context.Context, s ShardSubscription, h BatchHandler) error
 }
 
 // Broker is a connected publisher and subscriber.
@@ -124,6 +192,9 @@ const (
 	HeaderAggregateID   = "Sluice-Aggregate-Id"
 	HeaderAggregateSeq  = "Sluice-Aggregate-Seq"
 	HeaderEventType     = "Sluice-Event-Type"
+	// HeaderShard is "<shard>/<shards>" on sharded messages, so a reader
+	// tells the shard tokens from the topic.
+	HeaderShard = "Sluice-Shard"
 )
 
 var consumerRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -15,11 +16,13 @@ import (
 type Broker struct {
 	URL       string // BROKER_URL: nats://… (JetStream) or amqp://… (RabbitMQ)
 	Namespace string // BROKER_NAMESPACE: NATS subject prefix and stream / RabbitMQ exchange
+	Shards    int    // OUTBOX_SHARDS: shard count relays publish with and consumers read (0: unsharded)
 }
 
 func (b *Broker) register(f *Flags) {
 	f.String(&b.URL, "broker-url", "BROKER_URL", "", "nats://host:4222 (NATS JetStream) or amqp://user:pass@host:5672/ (RabbitMQ)")
 	f.String(&b.Namespace, "broker-namespace", "BROKER_NAMESPACE", broker.DefaultNamespace, "NATS subject prefix and stream name / RabbitMQ exchange name")
+	f.Int(&b.Shards, "shards", "OUTBOX_SHARDS", 0, "publish / read events on this many shards by aggregate (0: unsharded); relays and consumers must agree")
 }
 
 func (b *Broker) check(ck *Check) {
@@ -30,6 +33,9 @@ func (b *Broker) check(ck *Check) {
 	}
 	if b.Namespace == "" {
 		ck.Failf("BROKER_NAMESPACE must not be empty")
+	}
+	if b.Shards < 0 || b.Shards > broker.MaxShards {
+		ck.Failf("OUTBOX_SHARDS must be 0 (unsharded) to %d (got %d)", broker.MaxShards, b.Shards)
 	}
 }
 
@@ -94,6 +100,9 @@ type Consume struct {
 	Broker
 	MetricsAddr string
 	Consumer    string
+	ShardsOwned string // CONSUME_SHARDS_OWNED: "0-7,12"; empty: all
+	Owned       []int  // ShardsOwned parsed by Validate (nil: all)
+	BatchSize   int    // CONSUME_BATCH_SIZE
 }
 
 // Register adds the consumer's flags.
@@ -102,6 +111,8 @@ func (c *Consume) Register(f *Flags) {
 	c.Broker.register(f)
 	f.String(&c.MetricsAddr, "metrics-addr", "METRICS_ADDR", "", "serve /metrics on this host:port (empty: no metrics listener)")
 	f.String(&c.Consumer, "consumer", "CONSUMER_NAME", "reference", "durable subscription and inbox consumer name (A-Z, a-z, 0-9, _ and -)")
+	f.String(&c.ShardsOwned, "shards-owned", "CONSUME_SHARDS_OWNED", "", "with --shards: the shards this process may run, e.g. 0-7,12 (empty: all; a shard runs in one process at a time)")
+	f.Int(&c.BatchSize, "batch-size", "CONSUME_BATCH_SIZE", inbox.DefaultConsumeBatch, "with --shards: most events of a shard applied in one transaction")
 }
 
 // Validate checks the consumer's settings.
@@ -113,7 +124,49 @@ func (c *Consume) Validate() error {
 	if !validConsumerName(c.Consumer) {
 		ck.Failf("CONSUMER_NAME: %q must be 1–64 of A-Z, a-z, 0-9, _ and -", c.Consumer)
 	}
+	ck.Positive("CONSUME_BATCH_SIZE", c.BatchSize)
+	if c.BatchSize > 10000 {
+		ck.Failf("CONSUME_BATCH_SIZE must be at most 10000 (got %d)", c.BatchSize)
+	}
+	c.Owned = nil
+	if strings.TrimSpace(c.ShardsOwned) != "" {
+		owned, err := parseShardSet(c.ShardsOwned, c.Shards)
+		switch {
+		case c.Shards == 0:
+			ck.Failf("CONSUME_SHARDS_OWNED needs OUTBOX_SHARDS > 0")
+		case err != nil:
+			ck.Failf("CONSUME_SHARDS_OWNED: %v", err)
+		default:
+			c.Owned = owned
+		}
+	}
 	return ck.Err()
+}
+
+// parseShardSet reads "0-3,7" into shard numbers, each below shards.
+func parseShardSet(s string, shards int) ([]int, error) {
+	var out []int
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(strings.TrimSpace(lo))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a shard number or range", part)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(strings.TrimSpace(hi)); err != nil || b < a {
+				return nil, fmt.Errorf("%q is not a shard range", part)
+			}
+		}
+		if a < 0 || b >= shards {
+			return nil, fmt.Errorf("%q is outside 0–%d", part, shards-1)
+		}
+		for i := a; i <= b; i++ {
+			out = append(out, i)
+		}
+	}
+	return out, nil
 }
 
 func validConsumerName(s string) bool {

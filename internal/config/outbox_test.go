@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -89,5 +90,43 @@ func TestConsumeConfigChecksTheConsumerName(t *testing.T) {
 	}
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "CONSUMER_NAME") {
 		t.Fatalf("Validate = %v, want a CONSUMER_NAME error", err)
+	}
+}
+
+func TestConsumeConfigReadsTheShards(t *testing.T) {
+	t.Parallel()
+	parse := func(env map[string]string, args ...string) (Consume, error) {
+		base := map[string]string{"DATABASE_URL": "postgres://u@h/db", "BROKER_URL": "nats://h:4222"}
+		for k, v := range env {
+			base[k] = v
+		}
+		var c Consume
+		f := NewFlags("consume", "", MapLookup(base), io.Discard)
+		c.Register(f)
+		if err := f.Parse(args); err != nil {
+			return c, err
+		}
+		return c, c.Validate()
+	}
+	c, err := parse(map[string]string{"OUTBOX_SHARDS": "16"}, "--shards-owned", "0-2,7,2")
+	if err != nil || c.Shards != 16 || fmt.Sprint(c.Owned) != "[0 1 2 7 2]" || c.BatchSize != 500 {
+		t.Fatalf("shards %d owned %v batch %d (%v)", c.Shards, c.Owned, c.BatchSize, err)
+	}
+	if c, err := parse(nil); err != nil || c.Shards != 0 || c.Owned != nil {
+		t.Fatalf("default: shards %d owned %v (%v), want unsharded", c.Shards, c.Owned, err)
+	}
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"OUTBOX_SHARDS": "16", "CONSUME_SHARDS_OWNED": "3-16"}, "CONSUME_SHARDS_OWNED"},
+		{map[string]string{"OUTBOX_SHARDS": "16", "CONSUME_SHARDS_OWNED": "x"}, "CONSUME_SHARDS_OWNED"},
+		{map[string]string{"CONSUME_SHARDS_OWNED": "1"}, "CONSUME_SHARDS_OWNED needs OUTBOX_SHARDS"},
+		{map[string]string{"OUTBOX_SHARDS": "-1"}, "OUTBOX_SHARDS"},
+		{map[string]string{"CONSUME_BATCH_SIZE": "0"}, "CONSUME_BATCH_SIZE"},
+	} {
+		if _, err := parse(tc.env); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: Validate = %v, want an error naming %s", tc.env, err, tc.want)
+		}
 	}
 }

@@ -17,7 +17,12 @@ import (
 	"github.com/sluice-dev/sluice/internal/inbox"
 )
 
-func TestMain(m *testing.M) { dbtest.Main(m) }
+func TestMain(m *testing.M) {
+	if shardHelperProcess() {
+		return
+	}
+	dbtest.Main(m)
+}
 
 // effectRows counts the rows an effect wrote for id.
 func effectRows(t *testing.T, pool *pgxpool.Pool, id string) int {

@@ -43,6 +43,11 @@ type RelayConfig struct {
 	PublishConcurrency int           // aggregates published in parallel within a batch (default 8)
 	PublishTimeout     time.Duration // per publish; at most Lease/2, else Lease/3 (the default)
 	DisableListen      bool          // true: poll only, no LISTEN wake-up
+	// Shards > 0 publishes each event on the shard of its aggregate
+	// (broker.ShardOf), so consumers can read shards in parallel and still
+	// see each aggregate in order; consumers must use the same count. 0:
+	// unsharded subjects, as before sharding existed.
+	Shards int
 	// Now is the relay's clock. Nil means the database clock
 	// (statement_timestamp()), so relays on hosts with skewed clocks agree on
 	// leases; tests inject a clock so leases and backoff expire without sleeping.
@@ -213,6 +218,7 @@ type claimed struct {
 	Payload       []byte
 	Headers       map[string]string
 	Attempts      int
+	Shards, Shard int // where it is published (Shards 0: unsharded)
 }
 
 func (c claimed) message() broker.Message {
@@ -220,6 +226,7 @@ func (c claimed) message() broker.Message {
 		ID: c.ID.String(), Topic: c.Topic,
 		AggregateType: c.AggregateType, AggregateID: c.AggregateID, AggregateSeq: c.AggregateSeq,
 		EventType: c.EventType, Payload: c.Payload, Headers: c.Headers,
+		Shards: c.Shards, Shard: c.Shard,
 	}
 }
 
@@ -273,6 +280,9 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, err
 		}
 		if wasLeased {
 			expired++
+		}
+		if r.cfg.Shards > 0 {
+			c.Shards, c.Shard = r.cfg.Shards, broker.ShardOf(c.AggregateType, c.AggregateID, r.cfg.Shards)
 		}
 		out = append(out, c)
 	}

@@ -154,8 +154,14 @@ func (s *Service) nowArg() *time.Time {
 // dbNow is a statement's "now": the @now argument (nowArg) or, when it is
 // NULL, the database clock. Every timestamp the service writes and every
 // lease, due time and expiry it compares goes through it, so one clock
-// decides them all.
-const dbNow = `coalesce(@now::timestamptz, statement_timestamp())`
+// decides them all. The database clock is the transaction's start, now():
+// the rows one transaction writes (the key, the payment, its reservation
+// and the outbox event, whose created_at defaults to now()) carry one time,
+// so the trace page lists them in the order of cause and effect rather than
+// the event first by the microseconds between BEGIN and the key's insert.
+// The service's transactions are short (the provider is called outside
+// them), so a lease judged at the transaction's start is off by at most that.
+const dbNow = `coalesce(@now::timestamptz, now())`
 
 // poke wakes the relays after a commit that wrote an outbox event.
 func (s *Service) poke() {

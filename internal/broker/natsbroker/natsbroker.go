@@ -69,6 +69,17 @@ func (n *JetStream) Stream() string { return n.stream }
 // Subject is where a topic's messages go.
 func (n *JetStream) Subject(topic string) string { return n.prefix + "." + topic }
 
+// ShardSubject is where a topic's messages on shard shard of shards go:
+// "<ns>.s<shards>.<shard>.<topic>".
+func (n *JetStream) ShardSubject(shards, shard int, topic string) string {
+	return n.prefix + "." + broker.ShardToken(shards, shard) + "." + topic
+}
+
+// ShardFilter is the filter subject of one shard, every topic.
+func (n *JetStream) ShardFilter(shards, shard int) string {
+	return n.prefix + "." + broker.ShardToken(shards, shard) + ".>"
+}
+
 // Publish stores msg in the stream and waits for JetStream's ack.
 func (n *JetStream) Publish(ctx context.Context, msg broker.Message) error {
 	m := n.natsMsg(msg)
@@ -124,9 +135,16 @@ func (n *JetStream) publishError(subject string, err error) error {
 // natsMsg is msg as JetStream stores it: the event id as Nats-Msg-Id (the
 // stream's dedupe key) and the aggregate in headers.
 func (n *JetStream) natsMsg(msg broker.Message) *nats.Msg {
-	m := nats.NewMsg(n.Subject(msg.Topic))
+	subject := n.Subject(msg.Topic)
+	if msg.Shards > 0 {
+		subject = n.ShardSubject(msg.Shards, msg.Shard, msg.Topic)
+	}
+	m := nats.NewMsg(subject)
 	for k, v := range msg.Headers {
 		m.Header.Set(k, v)
+	}
+	if msg.Shards > 0 {
+		m.Header.Set(broker.HeaderShard, strconv.Itoa(msg.Shard)+"/"+strconv.Itoa(msg.Shards))
 	}
 	m.Header.Set(jetstream.MsgIDHeader, msg.ID)
 	m.Header.Set(broker.HeaderAggregateType, msg.AggregateType)
@@ -203,9 +221,17 @@ func fromNATS(jm jetstream.Msg) broker.Message {
 	if i := strings.IndexByte(jm.Subject(), '.'); i >= 0 {
 		msg.Topic = jm.Subject()[i+1:]
 	}
+	if sh := h.Get(broker.HeaderShard); sh != "" {
+		// "<shard>/<shards>": the subject's shard tokens are not the topic.
+		if a, b, ok := strings.Cut(sh, "/"); ok {
+			msg.Shard, _ = strconv.Atoi(a)
+			msg.Shards, _ = strconv.Atoi(b)
+			msg.Topic = strings.TrimPrefix(msg.Topic, broker.ShardToken(msg.Shards, msg.Shard)+".")
+		}
+	}
 	for k := range h {
 		switch k {
-		case jetstream.MsgIDHeader, broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType:
+		case jetstream.MsgIDHeader, broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType, broker.HeaderShard:
 			continue
 		}
 		if msg.Headers == nil {
@@ -214,6 +240,117 @@ func fromNATS(jm jetstream.Msg) broker.Message {
 		msg.Headers[k] = h.Get(k)
 	}
 	return msg
+}
+
+// SubscribeShard reads one shard in stream order through an ordered
+// consumer (an ephemeral, flow-controlled consumer that the client
+// recreates at the right place after a gap), starting after s.After, and
+// hands h what has arrived, at most s.Batch messages at a time, each with
+// its stream sequence as Position. Nothing is acknowledged to JetStream:
+// the consumer's position lives with its effects (inbox.ShardedConsumer
+// commits it in the batch's transaction), so a restart resumes exactly
+// after the last committed batch, and a batch that was read but not
+// committed (crash, cut connection, failed effect) is simply read again,
+// in order. It returns h's error, or nil once ctx ends.
+func (n *JetStream) SubscribeShard(ctx context.Context, s broker.ShardSubscription, h broker.BatchHandler) error {
+	if err := broker.ValidateConsumer(s.Consumer); err != nil {
+		return err
+	}
+	if s.Shards < 1 || s.Shards > broker.MaxShards || s.Shard < 0 || s.Shard >= s.Shards {
+		return fmt.Errorf("broker: shard %d of %d is out of range", s.Shard, s.Shards)
+	}
+	size := s.Batch
+	if size <= 0 {
+		size = 500
+	}
+	cfg := jetstream.OrderedConsumerConfig{
+		FilterSubjects:    []string{n.ShardFilter(s.Shards, s.Shard)},
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		InactiveThreshold: time.Minute,
+	}
+	if s.After > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = s.After + 1
+	}
+	cons, err := n.js.OrderedConsumer(ctx, n.stream, cfg)
+	if err != nil {
+		return fmt.Errorf("broker: shard %d/%d of %s: %w", s.Shard, s.Shards, s.Consumer, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(2 * size))
+	if err != nil {
+		return fmt.Errorf("broker: shard %d/%d of %s: %w", s.Shard, s.Shards, s.Consumer, err)
+	}
+	defer it.Stop()
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// One goroutine reads the iterator (its Next blocks); the loop below
+	// takes whatever has arrived as one batch.
+	type next struct {
+		msg broker.Message
+		err error
+	}
+	arrived := make(chan next, 2*size)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			jm, err := it.Next()
+			if err != nil {
+				select {
+				case arrived <- next{err: err}:
+				case <-rctx.Done():
+				}
+				return
+			}
+			msg := fromNATS(jm)
+			if md, err := jm.Metadata(); err == nil {
+				msg.Position = md.Sequence.Stream
+			}
+			select {
+			case arrived <- next{msg: msg}:
+			case <-rctx.Done():
+				return
+			}
+		}
+	}()
+	defer func() { cancel(); it.Stop(); <-done }()
+	batch := make([]broker.Message, 0, size)
+	var readErr error // the reader's last word, after the messages before it
+	for {
+		if readErr != nil {
+			if ctx.Err() != nil || errors.Is(readErr, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("broker: shard %d/%d of %s: next message: %w", s.Shard, s.Shards, s.Consumer, readErr)
+		}
+		batch = batch[:0]
+		select {
+		case <-ctx.Done():
+			return nil
+		case nx := <-arrived:
+			if nx.err != nil {
+				readErr = nx.err
+				continue
+			}
+			batch = append(batch, nx.msg)
+		}
+	fill:
+		for len(batch) < size {
+			select {
+			case nx := <-arrived:
+				if nx.err != nil {
+					readErr = nx.err
+					break fill
+				}
+				batch = append(batch, nx.msg)
+			default:
+				break fill
+			}
+		}
+		if err := h(ctx, batch); err != nil {
+			return err
+		}
+	}
 }
 
 // Close drains nothing: the publisher waits for acks, so there is nothing

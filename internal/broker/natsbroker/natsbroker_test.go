@@ -272,3 +272,82 @@ func TestPublishBatchDuringOutageIsUnavailable(t *testing.T) {
 		}
 	}
 }
+
+// A sharded message travels on "<ns>.s<N>.<k>.<topic>", comes back with its
+// own topic and shard, and a shard's subscription reads only its shard, in
+// order, resuming right after the position it is given.
+func TestShardedSubjectsAndSubscribeShard(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: "shardsub"})
+	const shards = 4
+	var want []broker.Message // shard 2's, in publish order
+	for i := range 40 {
+		agg := string(rune('a' + i%8))
+		m := broker.Message{ID: "id-" + agg + "-" + string(rune('0'+i/8)), Topic: "invoice.issued", AggregateType: "inv", AggregateID: agg,
+			AggregateSeq: int64(i/8 + 1), EventType: "invoice.issued.v1", Payload: []byte(`{}`),
+			Shards: shards, Shard: broker.ShardOf("inv", agg, shards)}
+		if err := b.Publish(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		if m.Shard == 2 {
+			want = append(want, m)
+		}
+	}
+	if len(want) == 0 {
+		t.Fatal("no aggregate of the test fell on shard 2; pick other ids")
+	}
+	read := func(after uint64, n int) []broker.Message {
+		var got []broker.Message
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		err := b.SubscribeShard(sctx, broker.ShardSubscription{Consumer: "c", Shards: shards, Shard: 2, Batch: 3, After: after},
+			func(_ context.Context, batch []broker.Message) error {
+				if len(batch) > 3 {
+					t.Errorf("batch of %d, want at most 3", len(batch))
+				}
+				got = append(got, batch...)
+				if len(got) >= n {
+					stop()
+				}
+				return nil
+			})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	got := read(0, len(want))
+	if len(got) != len(want) {
+		t.Fatalf("read %d of shard 2's %d messages", len(got), len(want))
+	}
+	for i, m := range got {
+		w := want[i]
+		if m.ID != w.ID || m.Topic != "invoice.issued" || m.Shard != 2 || m.Shards != shards || m.AggregateSeq != w.AggregateSeq || m.Position == 0 {
+			t.Fatalf("message %d = %+v, want %s on topic invoice.issued, shard 2/4, with a position", i, m, w.ID)
+		}
+		if i > 0 && m.Position <= got[i-1].Position {
+			t.Fatalf("positions not increasing: %d after %d", m.Position, got[i-1].Position)
+		}
+		if len(m.Headers) != 0 {
+			t.Fatalf("transport headers leaked to the consumer: %v", m.Headers)
+		}
+	}
+	// Resume after the second message: the rest, from the third.
+	rest := read(got[1].Position, len(want)-2)
+	if len(rest) != len(want)-2 || rest[0].ID != want[2].ID {
+		t.Fatalf("resumed read %d messages starting %v, want %d starting %s", len(rest), rest, len(want)-2, want[2].ID)
+	}
+	// An unsharded subscriber on the same stream sees the topic without
+	// the shard tokens.
+	var first broker.Message
+	sctx, stop := context.WithCancel(ctx)
+	if err := b.Subscribe(sctx, "plain", func(_ context.Context, m broker.Message) error { first = m; stop(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if first.Topic != "invoice.issued" {
+		t.Fatalf("unsharded reader saw topic %q", first.Topic)
+	}
+}

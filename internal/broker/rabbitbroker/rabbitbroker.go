@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -182,7 +183,12 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 		headers[k] = v
 	}
 	headers[headerPublishID] = token
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, r.exchange, msg.Topic, true, false, amqp.Publishing{
+	key := msg.Topic
+	if msg.Shards > 0 {
+		key = broker.ShardToken(msg.Shards, msg.Shard) + "." + msg.Topic
+		headers[broker.HeaderShard] = strconv.Itoa(msg.Shard) + "/" + strconv.Itoa(msg.Shards)
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, r.exchange, key, true, false, amqp.Publishing{
 		MessageId:    msg.ID,
 		Type:         msg.EventType,
 		ContentType:  "application/json",
@@ -212,7 +218,7 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 	unroutable := r.waiting[token]
 	r.mu.Unlock()
 	if unroutable {
-		return fmt.Errorf("%w: exchange %s, routing key %s", ErrUnroutable, r.exchange, msg.Topic)
+		return fmt.Errorf("%w: exchange %s, routing key %s", ErrUnroutable, r.exchange, key)
 	}
 	return nil
 }
@@ -361,9 +367,15 @@ func fromAMQP(d amqp.Delivery) broker.Message {
 		EventType:     d.Type,
 		Payload:       d.Body,
 	}
+	if a, b, ok := strings.Cut(str(broker.HeaderShard), "/"); ok {
+		// The routing key's shard tokens are not the topic.
+		msg.Shard, _ = strconv.Atoi(a)
+		msg.Shards, _ = strconv.Atoi(b)
+		msg.Topic = strings.TrimPrefix(msg.Topic, broker.ShardToken(msg.Shards, msg.Shard)+".")
+	}
 	for k, v := range d.Headers {
 		switch k {
-		case broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType, headerPublishID:
+		case broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType, headerPublishID, broker.HeaderShard:
 			continue
 		}
 		if s, ok := v.(string); ok {
@@ -374,6 +386,150 @@ func fromAMQP(d amqp.Delivery) broker.Message {
 		}
 	}
 	return msg
+}
+
+// DeleteShardQueues removes the shard queues of consumer (tests and the
+// bench clean up with it).
+func (r *RabbitMQ) DeleteShardQueues(consumer string, shards int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, err := r.channelLocked(); err != nil {
+		return err
+	}
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("broker: open channel: %w", err)
+	}
+	defer ch.Close()
+	for s := range shards {
+		if _, err := ch.QueueDelete(r.ShardQueue(consumer, shards, s), false, false, false); err != nil {
+			return fmt.Errorf("broker: delete queue %s: %w", r.ShardQueue(consumer, shards, s), err)
+		}
+	}
+	return nil
+}
+
+// ShardQueue is the durable queue of one shard of a consumer.
+func (r *RabbitMQ) ShardQueue(consumer string, shards, shard int) string {
+	return r.exchange + "." + consumer + "." + broker.ShardToken(shards, shard)
+}
+
+// DeclareShardQueues declares the queues of every shard of consumer, each
+// single-active-consumer and bound to its shard's routing keys. Call it
+// before relays publish sharded events (mandatory publishes to no queue
+// are refused); inbox.ShardedConsumer does at start.
+func (r *RabbitMQ) DeclareShardQueues(consumer string, shards int) error {
+	if err := broker.ValidateConsumer(consumer); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, err := r.channelLocked(); err != nil {
+		return err
+	}
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("broker: open channel: %w", err)
+	}
+	defer ch.Close()
+	for s := range shards {
+		if err := r.declareShardQueue(ch, consumer, shards, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *RabbitMQ) declareShardQueue(ch *amqp.Channel, consumer string, shards, shard int) error {
+	q := r.ShardQueue(consumer, shards, shard)
+	// Single active consumer: RabbitMQ delivers the queue to one consumer
+	// at a time and, when it goes, hands the queue (its unacknowledged
+	// messages requeued in order first) to the next.
+	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-single-active-consumer": true}); err != nil {
+		return fmt.Errorf("broker: declare queue %s: %w", q, err)
+	}
+	if err := ch.QueueBind(q, broker.ShardToken(shards, shard)+".#", r.exchange, false, nil); err != nil {
+		return fmt.Errorf("broker: bind queue %s: %w", q, err)
+	}
+	return nil
+}
+
+// SubscribeShard consumes one shard's queue with a prefetch of s.Batch and
+// hands h what has arrived, at most s.Batch messages at a time. A batch h
+// accepts is acknowledged at once (multiple ack of its last delivery); a
+// batch h refuses is handed back whole (multiple nack with requeue, which
+// puts the messages back in their places) and SubscribeShard returns h's
+// error. s.After is ignored: the queue itself is the position.
+func (r *RabbitMQ) SubscribeShard(ctx context.Context, s broker.ShardSubscription, h broker.BatchHandler) error {
+	if err := broker.ValidateConsumer(s.Consumer); err != nil {
+		return err
+	}
+	if s.Shards < 1 || s.Shards > broker.MaxShards || s.Shard < 0 || s.Shard >= s.Shards {
+		return fmt.Errorf("broker: shard %d of %d is out of range", s.Shard, s.Shards)
+	}
+	size := s.Batch
+	if size <= 0 {
+		size = 500
+	}
+	r.mu.Lock()
+	if _, err := r.channelLocked(); err != nil {
+		r.mu.Unlock()
+		return err
+	}
+	ch, err := r.conn.Channel()
+	r.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("broker: open channel: %w", err)
+	}
+	defer ch.Close()
+	if err := r.declareShardQueue(ch, s.Consumer, s.Shards, s.Shard); err != nil {
+		return err
+	}
+	if err := ch.Qos(size, 0, false); err != nil {
+		return fmt.Errorf("broker: qos: %w", err)
+	}
+	queue := r.ShardQueue(s.Consumer, s.Shards, s.Shard)
+	tag := "sluice-" + s.Consumer + "-" + strconv.Itoa(s.Shard) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("broker: consume %s: %w", queue, err)
+	}
+	batch := make([]broker.Message, 0, size)
+	for {
+		batch = batch[:0]
+		var last uint64
+		select {
+		case <-ctx.Done():
+			_ = ch.Cancel(tag, false)
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				return fmt.Errorf("broker: consume %s: %w", queue, errDeliveriesClosed)
+			}
+			batch = append(batch, fromAMQP(d))
+			last = d.DeliveryTag
+		}
+	fill:
+		for len(batch) < size {
+			select {
+			case d, ok := <-deliveries:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, fromAMQP(d))
+				last = d.DeliveryTag
+			default:
+				break fill
+			}
+		}
+		if herr := h(ctx, batch); herr != nil {
+			_ = ch.Nack(last, true, true)
+			return herr
+		}
+		if err := ch.Ack(last, true); err != nil {
+			return fmt.Errorf("broker: ack: %w", err)
+		}
+	}
 }
 
 // Close closes the connection.
