@@ -31,7 +31,23 @@ type Message struct {
 	EventType     string
 	Payload       []byte // JSON
 	Headers       map[string]string
+	// Replay is how many times an operator asked for this event again (0:
+	// its first publish). A replay keeps ID (an inbox that remembers the
+	// event absorbs it) but is a new broker message: an adapter whose broker
+	// drops repeated ids within a window (JetStream's Nats-Msg-Id) gives
+	// each replay its own broker-side id and carries ID beside it.
+	Replay int
+	// ReplayTo names the one consumer a replay is for ("" : every consumer
+	// of the topic); see each adapter for how it is routed.
+	ReplayTo string
 }
+
+// HeaderEventID carries the event id when the broker-side message id is
+// not the event id (a replay on JetStream): the consumer's dedupe key.
+const HeaderEventID = "Sluice-Event-Id"
+
+// HeaderReplayTo carries Message.ReplayTo.
+const HeaderReplayTo = "Sluice-Replay-To"
 
 // Publisher sends a message and returns only once the broker has accepted it
 // (JetStream ack / RabbitMQ publisher confirm). A nil error means stored.
