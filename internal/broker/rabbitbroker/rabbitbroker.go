@@ -27,6 +27,10 @@ var ErrUnroutable = errors.New("broker: message routed to no queue")
 // Consumers do not see it: fromAMQP drops it.
 const headerPublishID = "Sluice-Publish-Id"
 
+// headerTopic carries the topic of a message published straight to a queue
+// (a replay for one consumer), whose routing key is the queue's name.
+const headerTopic = "Sluice-Topic"
+
 // Subscribe's wait between consume attempts, and the default number of
 // failures in a row it tolerates (Options.MaxConsumeFailures).
 const (
@@ -182,7 +186,17 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 		headers[k] = v
 	}
 	headers[headerPublishID] = token
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, r.exchange, msg.Topic, true, false, amqp.Publishing{
+	// A replay for one consumer goes through the default exchange straight
+	// to that consumer's queue (routing key = queue name), so no other queue
+	// sees it; mandatory makes a missing queue an ErrUnroutable. The topic
+	// travels in a header, since the routing key is the queue's name.
+	exchange, key := r.exchange, msg.Topic
+	if msg.ReplayTo != "" {
+		exchange, key = "", r.Queue(msg.ReplayTo)
+		headers[headerTopic] = msg.Topic
+		headers[broker.HeaderReplayTo] = msg.ReplayTo
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, amqp.Publishing{
 		MessageId:    msg.ID,
 		Type:         msg.EventType,
 		ContentType:  "application/json",
@@ -212,7 +226,7 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 	unroutable := r.waiting[token]
 	r.mu.Unlock()
 	if unroutable {
-		return fmt.Errorf("%w: exchange %s, routing key %s", ErrUnroutable, r.exchange, msg.Topic)
+		return fmt.Errorf("%w: exchange %q, routing key %s", ErrUnroutable, exchange, key)
 	}
 	return nil
 }
@@ -352,9 +366,14 @@ func fromAMQP(d amqp.Delivery) broker.Message {
 		return s
 	}
 	seq, _ := strconv.ParseInt(str(broker.HeaderAggregateSeq), 10, 64)
+	topic := d.RoutingKey
+	if t := str(headerTopic); t != "" {
+		topic = t
+	}
 	msg := broker.Message{
 		ID:            d.MessageId,
-		Topic:         d.RoutingKey,
+		Topic:         topic,
+		ReplayTo:      str(broker.HeaderReplayTo),
 		AggregateType: str(broker.HeaderAggregateType),
 		AggregateID:   str(broker.HeaderAggregateID),
 		AggregateSeq:  seq,
@@ -363,7 +382,8 @@ func fromAMQP(d amqp.Delivery) broker.Message {
 	}
 	for k, v := range d.Headers {
 		switch k {
-		case broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType, headerPublishID:
+		case broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType, headerPublishID,
+			headerTopic, broker.HeaderReplayTo:
 			continue
 		}
 		if s, ok := v.(string); ok {
