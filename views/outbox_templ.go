@@ -322,7 +322,7 @@ func OutboxList(p Page, d OutboxListData) templ.Component {
 					if templ_7745c5c3_Err != nil {
 						return templ_7745c5c3_Err
 					}
-					templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 21, "\" data-testid=\"bulk-link\">Retry, dead-letter or discard every event of this filter…</a> <span class=\"muted\">(a dry run shows the count first)</span></p>")
+					templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 21, "\" data-testid=\"bulk-link\">Retry, dead-letter, discard or replay every event of this filter…</a> <span class=\"muted\">(a dry run shows the count first)</span></p>")
 					if templ_7745c5c3_Err != nil {
 						return templ_7745c5c3_Err
 					}

@@ -52,6 +52,7 @@ func (a *App) routes() []route {
 		// Bulk actions as durable jobs (bulk.go, jobs.go).
 		{http.MethodGet, "/outbox/bulk", page(auth.PermOutboxAct), a.bulkForm},
 		{http.MethodPost, "/outbox/bulk", api(auth.PermOutboxAct), a.bulk},
+		{http.MethodPost, "/outbox/replay", api(auth.PermOutboxAct), a.replay},
 		{http.MethodGet, "/jobs", page(auth.PermOutboxAct), a.jobsPage},
 		{http.MethodGet, "/jobs/:id", page(auth.PermOutboxAct), a.jobPage},
 		{http.MethodPost, "/jobs/:id/cancel", api(auth.PermOutboxAct), a.cancelJob},
