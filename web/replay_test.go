@@ -148,4 +148,14 @@ func TestReplayRefusals(t *testing.T) {
 	if outboxState(t, h) != before || h.countAudit(t, `action LIKE 'outbox.bulk.%'`) != 0 {
 		t.Error("a refused replay changed something")
 	}
+	// The job page says whom a replay is for.
+	resp, body := oncall.postForm(t, h.base+"/outbox/replay", token, url.Values{"topic": {"orders"}, "reason": {"x"}, "consumer": {"billing"}, "expect": {"3"}})
+	m := jobLocation.FindStringSubmatch(resp.Header.Get("Location"))
+	if resp.StatusCode != http.StatusSeeOther || m == nil {
+		t.Fatalf("confirm: %d %s", resp.StatusCode, body)
+	}
+	_, page := oncall.get(t, h.base+"/jobs/"+m[1], "text/html")
+	if got := doc(t, page).Find(`[data-testid="job-replay-to"]`).Text(); !strings.Contains(got, "consumer billing only") {
+		t.Errorf("the job page says it replays to %q", got)
+	}
 }
