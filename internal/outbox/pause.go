@@ -216,6 +216,11 @@ func SetTopicPaused(ctx context.Context, pool *pgxpool.Pool, topic string, pause
 		})
 	}
 	if err == nil {
+		if !pause {
+			// Wake the relays now rather than at their next poll; best
+			// effort (the poll is the fallback).
+			_, _ = pool.Exec(context.WithoutCancel(ctx), `SELECT pg_notify($1, '')`, db.OutboxChannel)
+		}
 		return p, nil
 	}
 	code := "error"
