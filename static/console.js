@@ -31,14 +31,133 @@
     var u = document.getElementById("updated");
     return u ? u.textContent.trim().replace(/^as of /, "") : "earlier";
   }
-  // "g" then a key jumps to a section (keys are on the nav links).
+  // Times: the server prints UTC (<time datetime=… data-local>, views.Time);
+  // here they read in the browser's time zone, the date only when not
+  // today, the UTC instant kept in the title. Fragments swapped in later
+  // (htmx, the live feed) are caught by the observer below.
+  var fmts = {};
+  function fmt(opts) {
+    var k = JSON.stringify(opts);
+    return fmts[k] || (fmts[k] = new Intl.DateTimeFormat(undefined, opts));
+  }
+  function localText(d, ms) {
+    var now = new Date();
+    var o = { hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short" };
+    if (ms) o.fractionalSecondDigits = 3;
+    if (d.toDateString() !== now.toDateString()) {
+      o.month = "short"; o.day = "numeric";
+      if (d.getFullYear() !== now.getFullYear()) o.year = "numeric";
+    }
+    return fmt(o).format(d);
+  }
+  function localize(root) {
+    if (!root.querySelectorAll) return;
+    var list = root.matches && root.matches("time[data-local]") ? [root] : root.querySelectorAll("time[data-local]");
+    Array.prototype.forEach.call(list, function (el) {
+      var iso = el.getAttribute("datetime");
+      if (el.dataset.shown === iso) return;
+      var d = new Date(iso);
+      if (isNaN(d)) return; // keep the server's UTC text
+      el.textContent = localText(d, el.dataset.local === "ms");
+      el.dataset.shown = iso;
+    });
+  }
+  localize(document);
+  new MutationObserver(function (muts) {
+    muts.forEach(function (m) { Array.prototype.forEach.call(m.addedNodes, localize); });
+  }).observe(document.body, { childList: true, subtree: true });
+
+  // Copy buttons (views.CopyID): the full id to the clipboard, "copied" on
+  // the button and in the status region for screen readers.
+  var announce = document.getElementById("announce");
+  function say(text) { if (announce) announce.textContent = text; }
+  function fallbackCopy(text) {
+    // Outside a secure context there is no Clipboard API.
+    var ta = document.createElement("textarea");
+    ta.value = text; ta.setAttribute("readonly", ""); ta.className = "sr";
+    document.body.appendChild(ta); ta.select();
+    var ok = false;
+    try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
+    ta.remove();
+    return ok;
+  }
+  function copy(btn) {
+    var id = btn.dataset.copy;
+    function done(ok) {
+      btn.dataset.copied = ok ? "yes" : "no";
+      say(ok ? "Copied " + id : "Could not copy " + id + "; select it instead");
+      clearTimeout(btn._copyTimer);
+      btn._copyTimer = setTimeout(function () { delete btn.dataset.copied; }, 1600);
+    }
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(id).then(function () { done(true); }, function () { done(fallbackCopy(id)); });
+    } else {
+      done(fallbackCopy(id));
+    }
+  }
+  document.addEventListener("click", function (e) {
+    var btn = e.target.closest && e.target.closest("button.copy-id");
+    if (btn) { e.preventDefault(); copy(btn); }
+  });
+
+  // Keyboard: "?" lists the keys (the dialog in the layout), "g" then a
+  // key jumps to a section (keys are on the nav links), "/" focuses the
+  // filter, "j"/"k" move through the rows of the list, "y" copies the id
+  // of the focused row.
+  function rows() {
+    return Array.prototype.filter.call(document.querySelectorAll("main tbody tr, main ul.list > li"), function (r) {
+      return r.offsetParent !== null;
+    });
+  }
+  function moveRow(step) {
+    var all = rows();
+    if (!all.length) return false;
+    var at = -1, a = document.activeElement;
+    for (var i = 0; i < all.length; i++) if (all[i].contains(a)) { at = i; break; }
+    var next = all[Math.max(0, Math.min(all.length - 1, at < 0 ? 0 : at + step))];
+    var target = next.querySelector("a[href], button:not([hidden])");
+    if (!target) { next.tabIndex = -1; target = next; }
+    target.focus();
+    target.scrollIntoView({ block: "nearest" });
+    return true;
+  }
+  function copyFocused() {
+    var a = document.activeElement;
+    if (!a || a === document.body) return false;
+    var btn = a.matches("button.copy-id") ? a : null;
+    var scope = a.closest("tr, li, dd, .head, p");
+    if (!btn && scope) btn = scope.querySelector("button.copy-id");
+    if (!btn) return false;
+    copy(btn);
+    return true;
+  }
   var pending = false;
   document.addEventListener("keydown", function (e) {
     var t = e.target;
     if (e.ctrlKey || e.metaKey || e.altKey || (t && (t.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName)))) return;
-    if (!pending) { pending = e.key === "g"; return; }
-    pending = false;
-    var link = document.querySelector('nav a[data-key="' + e.key + '"]');
-    if (link) link.click();
+    var keys = document.getElementById("keys");
+    if (keys && keys.open) return; // the dialog closes itself on Esc
+    if (pending) {
+      pending = false;
+      // Only a letter names a section (a quote would break the selector).
+      var link = /^[a-z]$/.test(e.key) && document.querySelector('nav a[data-key="' + e.key + '"]');
+      if (link) { e.preventDefault(); link.click(); }
+      return;
+    }
+    var handled = false;
+    switch (e.key) {
+      case "g": pending = true; return;
+      case "?":
+        if (keys && keys.showModal) { keys.showModal(); handled = true; }
+        break;
+      case "/":
+        var f = document.querySelector('main [role="search"] :is(input:not([type="hidden"]), select), main .filters :is(input:not([type="hidden"]), select)');
+        if (f) { f.focus(); handled = true; }
+        break;
+      case "j": handled = moveRow(1); break;
+      case "k": handled = moveRow(-1); break;
+      case "y": handled = copyFocused(); break;
+    }
+    if (handled) e.preventDefault();
   });
 })();

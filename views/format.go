@@ -63,49 +63,80 @@ func Rate(r float64) string {
 }
 
 // Spark is a server-rendered sparkline: SVG polyline points over a fixed
-// box, the newest value at the right.
+// box, the newest value at the right, with its axes labelled (Top and
+// Bottom on y, From and "now" on x) and, where the number has one, the
+// warning threshold drawn.
 type Spark struct {
 	Label  string
 	TestID string
 	Now    string
-	Max    string
+	Max    string // the largest value drawn
 	Points string
 	Class  string
 	Span   string // how much history the line covers, e.g. "last 4m00s"
+	From   string // the x axis' left end, e.g. "4m00s ago"
+	Top    string // the y axis' top: the larger of Max and the threshold
+	Bottom string // the y axis' bottom (zero)
+	Warn   string // the warning threshold, formatted; "" when there is none
+	WarnY  string // its height in the box's coordinates
 }
 
 const sparkW, sparkH = 240.0, 40.0
 
-// NewSpark scales values into the sparkline box.
+// NewSpark scales values into the sparkline box, from zero to the maximum.
 func NewSpark(label, testID, class string, values []float64, format func(float64) string) Spark {
-	sp := Spark{Label: label, TestID: testID, Class: class, Now: format(0), Max: format(0)}
-	if len(values) == 0 {
-		return sp
+	return newSpark(label, testID, class, values, format, 0)
+}
+
+// NewSparkWarn is NewSpark with the warning threshold the tile beside it
+// uses (Thresholds) drawn as a line. The scale reaches the threshold, so
+// the line is always in view and a quiet hour reads as far below it.
+func NewSparkWarn(label, testID, class string, values []float64, format func(float64) string, warn float64) Spark {
+	return newSpark(label, testID, class, values, format, warn)
+}
+
+func newSpark(label, testID, class string, values []float64, format func(float64) string, warn float64) Spark {
+	sp := Spark{Label: label, TestID: testID, Class: class, Now: format(0), Max: format(0), Bottom: format(0)}
+	top := math.Max(warn, 0)
+	if warn > 0 {
+		sp.Warn = format(warn)
 	}
 	// "now" is the newest snapshot itself, taken before downsampling: the
 	// last bucket's maximum would disagree with the tile beside it.
-	sp.Now = format(values[len(values)-1])
+	if len(values) > 0 {
+		sp.Now = format(values[len(values)-1])
+	}
 	values = downsample(values, 120)
 	maxV := 0.0
 	for _, v := range values {
 		maxV = math.Max(maxV, v)
 	}
 	sp.Max = format(maxV)
+	top = math.Max(top, maxV)
+	sp.Top = format(top)
+	y := func(v float64) float64 {
+		if top <= 0 {
+			return sparkH - 1
+		}
+		return sparkH - 1 - (v/top)*(sparkH-2)
+	}
+	if warn > 0 {
+		sp.WarnY = fmt.Sprintf("%.1f", y(warn))
+	}
+	if len(values) == 0 {
+		return sp
+	}
 	step := sparkW
 	if len(values) > 1 {
 		step = sparkW / float64(len(values)-1)
 	}
 	buf := make([]byte, 0, len(values)*12)
 	for i, v := range values {
-		y := sparkH - 1
-		if maxV > 0 {
-			y = sparkH - 1 - (v/maxV)*(sparkH-2)
-		}
 		x := float64(i) * step
 		if len(values) == 1 {
 			x = sparkW
 		}
-		buf = fmt.Appendf(buf, "%.1f,%.1f ", x, y)
+		buf = fmt.Appendf(buf, "%.1f,%.1f ", x, y(v))
 	}
 	sp.Points = string(buf)
 	return sp
@@ -136,4 +167,25 @@ func short(id string) string {
 		return "…" + id[len(id)-12:]
 	}
 	return id
+}
+
+// UTCText is how the console prints an instant where no script runs and in
+// a <time>'s title: UTC to the second, "2026-12-03 16:32:22 UTC".
+func UTCText(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") + " UTC" }
+
+// UTCTextMs is UTCText to the millisecond, for steps a few milliseconds
+// apart (provider calls, audit rows).
+func UTCTextMs(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000") + " UTC" }
+
+// Datetime is a <time>'s machine-readable instant: RFC 3339 in UTC with
+// the full precision the database kept, which console.js localizes.
+func Datetime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// sparkLabel reads a sparkline out for a screen reader.
+func sparkLabel(s Spark) string {
+	l := s.Label + ", " + s.Span + ", now " + s.Now + ", max " + s.Max
+	if s.Warn != "" {
+		l += ", warning at " + s.Warn
+	}
+	return l
 }

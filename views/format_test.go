@@ -1,8 +1,11 @@
 package views
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 )
 
 // A support engineer compares the sparkline's "now" with the tile beside
@@ -37,5 +40,58 @@ func TestApproxPercentAndPrettyJSON(t *testing.T) {
 	}
 	if got := PrettyJSON([]byte(`not json <x>`)); got != "not json <x>" {
 		t.Errorf("PrettyJSON of text = %q", got)
+	}
+}
+
+// A <time> printed without scripts reads in UTC, whatever zone the
+// server's clock carries; its datetime keeps the full precision.
+func TestUTCTextAndDatetime(t *testing.T) {
+	tokyo := time.FixedZone("JST", 9*3600)
+	at := time.Date(2026, 12, 4, 1, 2, 3, 456789000, tokyo) // 2026-12-03 16:02:03.456789 UTC
+	if got := UTCText(at); got != "2026-12-03 16:02:03 UTC" {
+		t.Errorf("UTCText = %q", got)
+	}
+	if got := UTCTextMs(at); got != "2026-12-03 16:02:03.456 UTC" {
+		t.Errorf("UTCTextMs = %q", got)
+	}
+	if got := Datetime(at); got != "2026-12-03T16:02:03.456789Z" {
+		t.Errorf("Datetime = %q", got)
+	}
+	var b strings.Builder
+	if err := Time(at).Render(context.Background(), &b); err != nil {
+		t.Fatal(err)
+	}
+	if want := `<time datetime="2026-12-03T16:02:03.456789Z" title="2026-12-03 16:02:03 UTC" data-local>2026-12-03 16:02:03 UTC</time>`; b.String() != want {
+		t.Errorf("Time renders %s, want %s", b.String(), want)
+	}
+}
+
+// The reconcile-age sparkline draws the dashboard's warning threshold: the
+// scale reaches it when the values stay below, so the line is in view, and
+// the axis labels say where the scale starts and ends.
+func TestSparkWarnThresholdAndAxis(t *testing.T) {
+	age := func(v float64) string { return fmt.Sprintf("%.0fs", v) }
+	sp := NewSparkWarn("Reconcile age", "spark-reconcile", "age", []float64{0, 10, 30}, age, 60)
+	if sp.Warn != "60s" || sp.Top != "60s" || sp.Bottom != "0s" || sp.Max != "30s" {
+		t.Errorf("warn %q top %q bottom %q max %q, want 60s 60s 0s 30s", sp.Warn, sp.Top, sp.Bottom, sp.Max)
+	}
+	// 60 at the top of the 40-high box (1 unit margin), the newest value
+	// (30, half the scale) halfway down.
+	if sp.WarnY != "1.0" {
+		t.Errorf("threshold at y=%s, want 1.0 (the top)", sp.WarnY)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(sp.Points), "240.0,20.0") {
+		t.Errorf("points %q: the newest value should sit at half height", sp.Points)
+	}
+	// Above the threshold the values set the scale and the line sits below
+	// the top.
+	sp = NewSparkWarn("Reconcile age", "spark-reconcile", "age", []float64{120}, age, 60)
+	if sp.Top != "120s" || sp.WarnY != "20.0" {
+		t.Errorf("top %q threshold y %s, want 120s and 20.0", sp.Top, sp.WarnY)
+	}
+	// Without a threshold nothing is drawn and the scale is the values'.
+	sp = NewSpark("Backlog", "spark-backlog", "backlog", []float64{5, 7}, age)
+	if sp.Warn != "" || sp.WarnY != "" || sp.Top != "7s" {
+		t.Errorf("no threshold: warn %q y %q top %q", sp.Warn, sp.WarnY, sp.Top)
 	}
 }

@@ -55,12 +55,12 @@ func (a *App) page(c echo.Context, title, active string) views.Page {
 
 func (a *App) dashboard(c echo.Context) error {
 	s, ok := a.feed.Latest()
-	d := dashboardData(s, ok, a.feed.History())
-	d.Links, d.Warn = a.links, a.thresholds()
+	d := dashboardData(s, ok, a.feed.History(), a.thresholds())
+	d.Links = a.links
 	return render(c, http.StatusOK, views.Dashboard(a.page(c, "Dashboard", "/"), d))
 }
 
-func dashboardData(s live.Snapshot, ok bool, hist []live.Snapshot) views.DashboardData {
+func dashboardData(s live.Snapshot, ok bool, hist []live.Snapshot, warn views.Thresholds) views.DashboardData {
 	backlog := make([]float64, len(hist))
 	rate := make([]float64, len(hist))
 	age := make([]float64, len(hist))
@@ -70,12 +70,13 @@ func dashboardData(s live.Snapshot, ok bool, hist []live.Snapshot) views.Dashboa
 	sparks := []views.Spark{
 		views.NewSpark("Backlog", "spark-backlog", "backlog", backlog, func(v float64) string { return views.Count(int64(v)) }),
 		views.NewSpark("Published/s", "spark-rate", "rate", rate, views.Rate),
-		views.NewSpark("Reconcile age", "spark-reconcile", "age", age, func(v float64) string { return views.Age(secondsDur(v)) }),
+		views.NewSparkWarn("Reconcile age", "spark-reconcile", "age", age, func(v float64) string { return views.Age(secondsDur(v)) },
+			warn.ReconcileAge.Seconds()),
 	}
 	for i := range sparks {
-		sparks[i].Span = spanOf(hist)
+		sparks[i].Span, sparks[i].From = spanOf(hist), fromOf(hist)
 	}
-	return views.DashboardData{Snap: s, Ready: ok, Sparks: sparks}
+	return views.DashboardData{Snap: s, Ready: ok, Sparks: sparks, Warn: warn}
 }
 
 // spanOf says how much history the sparklines draw: the ring holds an hour,
@@ -89,6 +90,14 @@ func spanOf(hist []live.Snapshot) string {
 		return "last hour"
 	}
 	return "last " + views.Age(d.Round(time.Second))
+}
+
+// fromOf labels the left end of the sparklines' time axis.
+func fromOf(hist []live.Snapshot) string {
+	if len(hist) < 2 {
+		return "start"
+	}
+	return views.Age(hist[len(hist)-1].At.Sub(hist[0].At).Round(time.Second)) + " ago"
 }
 
 // thresholds are the dashboard's warning levels (CONSOLE_WARN_*).

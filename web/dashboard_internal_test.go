@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/views"
 )
 
 // The sparklines say how much history they draw: a console started four
@@ -24,7 +25,7 @@ func TestSparklineSpanFollowsHistory(t *testing.T) {
 		{[]live.Snapshot{at(0), at(time.Hour)}, "last hour"},
 	}
 	for _, c := range cases {
-		d := dashboardData(live.Snapshot{}, true, c.hist)
+		d := dashboardData(live.Snapshot{}, true, c.hist, views.Thresholds{})
 		for _, s := range d.Sparks {
 			if s.Span != c.want {
 				t.Errorf("%d snapshots: %s span = %q, want %q", len(c.hist), s.Label, s.Span, c.want)

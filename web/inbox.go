@@ -23,13 +23,13 @@ func (a *App) inboxPage(c echo.Context) error {
 	}
 	if pruned {
 		d.Retention, d.RetentionDefault = views.Age(run.Retention), false
-		d.LastPruned, d.PrunedRows = run.At.UTC().Format("2006-01-02 15:04:05"), run.Deleted
+		d.LastPruned, d.PrunedRows = run.At, run.Deleted
 	}
 	return render(c, http.StatusOK, views.Inbox(a.page(c, "Inbox", "/inbox"), d))
 }
 
 func inboxData(s live.Snapshot, ok bool, hist []live.Snapshot) views.InboxData {
-	d := views.InboxData{Ready: ok, At: s.At.UTC().Format("15:04:05"), Total: inbox.Total(s.Consumers), Span: spanOf(hist),
+	d := views.InboxData{Ready: ok, At: s.At, Total: inbox.Total(s.Consumers), Span: spanOf(hist),
 		Retention: views.Age(inbox.DefaultRetention), RetentionDefault: true}
 	for _, cs := range s.Consumers {
 		processed, duplicates := consumerRates(cs.Consumer, hist)

@@ -18,8 +18,8 @@ func secondsDur(v float64) time.Duration { return time.Duration(v * float64(time
 // once per tick, whatever the number of browsers; the fragments carry no
 // PII (ids, counts, amounts and ages only).
 func (a *App) renderLive(s live.Snapshot, hist []live.Snapshot) ([]live.Fragment, error) {
-	d := dashboardData(s, true, hist)
-	d.Links, d.Warn = a.links, a.thresholds()
+	d := dashboardData(s, true, hist, a.thresholds())
+	d.Links = a.links
 	parts := []struct {
 		id   string
 		comp templ.Component

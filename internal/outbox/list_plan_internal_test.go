@@ -51,6 +51,10 @@ func seedPlanRows(t *testing.T, pool *pgxpool.Pool, n int) {
 	t.Logf("seeded %d rows in %s", n, time.Since(start).Round(time.Second))
 }
 
+// sameOr names the cases where a second index is as good as the wanted one
+// at every depth, so the planner may pick either on either page.
+var sameOr = map[string]string{"common event type": "outbox_event_type_idx"}
+
 var indexUse = regexp.MustCompile(`(?:Index Scan|Index Only Scan|Index Scan Backward|Bitmap Index Scan)(?: Backward)? (?:using|on) (\w+)`)
 
 func explain(t *testing.T, pool *pgxpool.Pool, sql string, args pgx.NamedArgs) string {
@@ -104,7 +108,11 @@ func TestListPlansAreTheSameOnADeepPage(t *testing.T) {
 		{"rare topic", Filter{Topic: "rare"}, false, "outbox_event_topic_idx", false},
 		{"rare event type", Filter{EventType: "plan.rare.v1"}, false, "outbox_event_type_idx", false},
 		// A common type is 2% of the rows: walking the primary key finds a
-		// page in a few thousand rows, and the planner rightly prefers it.
+		// page in a few thousand rows, and walking the type's index finds it
+		// in fifty. Both are bounded whatever the depth; which one the
+		// planner picks depends on how many pages the table spans (the fill
+		// factor of migration 00020 doubled them), so either is accepted,
+		// on each page (see sameOr below).
 		{"common event type", Filter{EventType: "plan.e7.v1"}, false, "outbox_event_pkey", false},
 		{"aggregate", Filter{AggregateType: "plan", AggregateID: "a42"}, false, "outbox_event_aggregate_type_aggregate_id_aggregate_seq_key", true},
 		{"dead errors", Filter{Status: StatusDead, ErrorText: "said"}, false, "outbox_event_dead_id_idx", false},
@@ -123,6 +131,16 @@ func TestListPlansAreTheSameOnADeepPage(t *testing.T) {
 			pd := explain(t, pool, deepSQL, deepArgs)
 			t.Logf("page 1:\n%s\ndeep page:\n%s", p1, pd)
 			i1, id := indexesOf(p1), indexesOf(pd)
+			if alt, ok := sameOr[c.name]; ok {
+				// Read either index as the wanted one before comparing.
+				for _, ix := range [][]string{i1, id} {
+					for k := range ix {
+						if ix[k] == alt {
+							ix[k] = c.want
+						}
+					}
+				}
+			}
 			if !slices.Equal(i1, id) {
 				t.Fatalf("page 1 reads %v, a deep page %v", i1, id)
 			}

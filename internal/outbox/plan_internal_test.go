@@ -5,9 +5,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
 )
 
 // The claim must read the partial index of pending rows in its own order, so
@@ -133,5 +135,52 @@ func TestClaimFloorPlanProbesTheTopicIndex(t *testing.T) {
 	}
 	if len(paused) != 1 || paused[0] != "paused" || floor == nil || *floor != "00000000-0000-7000-8000-00000000ea61" {
 		t.Fatalf("paused %v, floor %v; want [paused] and the first running id (60001)", paused, floor)
+	}
+}
+
+// The claim changes no indexed column and the table leaves room on its pages
+// (migration 00020), so claiming writes each new row version beside the old
+// one without touching an index (a HOT update). An index on locked_until,
+// lock_token or attempts, or a fuller page, would quietly double the WAL the
+// relay writes per event (bench/README.md, R1): this test says so first.
+func TestClaimIsAHOTUpdate(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	// Payloads of the size the benchmark uses (~1 KB), 300 events: pages as
+	// full as the fill factor lets inserts make them.
+	pad := strings.Repeat("x", 960)
+	outboxtest.Insert(t, pool, outboxtest.Seed{N: 300, Payload: `{"pad": "` + pad + `"}`})
+	for _, ordered := range []bool{true, false} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// This backend's counts not yet sent to the statistics, before and
+		// after: no other session or autovacuum mixes in.
+		counts := func() (upd, hot int64) {
+			if err := tx.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'outbox_event'`).Scan(&upd, &hot); err != nil {
+				t.Fatal(err)
+			}
+			return upd, hot
+		}
+		upd0, hot0 := counts()
+		tag, err := tx.Exec(ctx, claimSQL(ordered), nil, 100, int64(30_000_000), uuid.New(), uuid.Nil, []string{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		upd, hot := counts()
+		upd, hot = upd-upd0, hot-hot0
+		// Committed, so the next variant claims the next 100 events rather
+		// than meeting this one's rolled-back versions on the same pages.
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if tag.RowsAffected() != 100 || upd != 100 {
+			t.Fatalf("ordered=%v: the claim updated %d rows (stats %d), want 100", ordered, tag.RowsAffected(), upd)
+		}
+		if hot != upd {
+			t.Fatalf("ordered=%v: %d of %d claimed rows were HOT updates: the claim now writes index entries (an index on a column it sets, or no room left on the page)", ordered, hot, upd)
+		}
 	}
 }

@@ -27,27 +27,48 @@ type ProviderCall struct {
 // customer data).
 const maxCallError = 300
 
-// recordCall keeps one provider call. Recording must never change a
-// payment's course, so a failure is logged, not returned; the call's start
-// is on the database clock (its end, less the measured duration).
-func (s *Service) recordCall(ctx context.Context, op uuid.UUID, kind string, d time.Duration, res provider.Result, callErr error) {
+// callRecord is one provider call not yet written down: recordCall writes
+// it on its own, settle in the transaction that records its outcome (one
+// commit less per payment).
+type callRecord struct {
+	kind string // charge or inquire
+	d    time.Duration
+	end  time.Time // when the answer came, on this host's monotonic clock
+	res  provider.Result
+	err  error
+}
+
+// insertCallSQL inserts the call @op; its start is the statement's time
+// (dbNow) less the call's duration and the time since it ended (@ago).
+// The caller appends its WHERE or ends the statement.
+const insertCallSQL = `
+	INSERT INTO payment_provider_call (operation_id, op, started_at, duration_us, answer, error)
+	SELECT @op, @kind, ` + dbNow + ` - (@us::bigint + @ago::bigint) * interval '1 microsecond', @us, @answer, @error`
+
+// callArgs are insertCallSQL's arguments (op and now included).
+func (s *Service) callArgs(op uuid.UUID, c callRecord) pgx.NamedArgs {
 	var answer, errText *string
-	if callErr == nil {
-		a := string(res.Outcome)
+	if c.err == nil {
+		a := string(c.res.Outcome)
 		answer = &a
 	} else {
-		e := callErr.Error()
+		e := c.err.Error()
 		if len(e) > maxCallError {
 			e = e[:maxCallError]
 		}
 		errText = &e
 	}
-	_, err := s.pool.Exec(context.WithoutCancel(ctx), `
-		INSERT INTO payment_provider_call (operation_id, op, started_at, duration_us, answer, error)
-		VALUES (@op, @kind, `+dbNow+` - @us::bigint * interval '1 microsecond', @us, @answer, @error)`,
-		pgx.NamedArgs{"op": op, "kind": kind, "now": s.nowArg(), "us": d.Microseconds(), "answer": answer, "error": errText})
-	if err != nil {
-		s.log.Warn("payments: record a provider call", "operation_id", op, "op", kind, "err", err)
+	return pgx.NamedArgs{"op": op, "kind": c.kind, "now": s.nowArg(), "us": c.d.Microseconds(), "ago": time.Since(c.end).Microseconds(),
+		"answer": answer, "error": errText}
+}
+
+// recordCall keeps one provider call on its own. Recording must never
+// change a payment's course, so a failure is logged, not returned; the
+// call's start is on the database clock (its end, less the measured
+// duration).
+func (s *Service) recordCall(ctx context.Context, op uuid.UUID, c callRecord) {
+	if _, err := s.pool.Exec(context.WithoutCancel(ctx), insertCallSQL, s.callArgs(op, c)); err != nil {
+		s.log.Warn("payments: record a provider call", "operation_id", op, "op", c.kind, "err", err)
 	}
 }
 

@@ -121,37 +121,48 @@ func (s *Service) create(ctx context.Context, merchantID, key string, req Reques
 	if err != nil {
 		return Response{}, fmt.Errorf("payments: new operation id: %w", err)
 	}
-	for attempt := 0; attempt < 3; attempt++ {
-		var lease time.Time
-		err := s.pool.QueryRow(ctx, `
-			INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, status, operation_id, locked_until, created_at, updated_at, expires_at)
-			SELECT @merchant, @key, @hash, 'processing', @op, t.now + @lease::bigint * interval '1 microsecond', t.now, t.now,
-			       t.now + @window::bigint * interval '1 microsecond'
-			FROM (SELECT `+dbNow+` AS now) t
-			ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
-			RETURNING locked_until`, pgx.NamedArgs{
-			"merchant": merchantID, "key": key, "hash": hash, "op": op, "now": s.nowArg(),
-			"lease": s.cfg.Lease.Microseconds(), "window": s.cfg.RetryWindow.Microseconds(),
-		}).Scan(&lease)
-		if err == nil {
-			rec := Record{MerchantID: merchantID, Key: key, RequestHash: hash, Status: StatusProcessing, OperationID: op, LockedUntil: &lease}
+	// Sealing needs no database: it is done before the transaction, which
+	// then holds its row locks for less time.
+	sealed, err := s.sealCustomer(op, req.Customer)
+	if err != nil {
+		return Response{}, fmt.Errorf("payments: encrypt customer: %w", err)
+	}
+	rec := Record{MerchantID: merchantID, Key: key, RequestHash: hash, Status: StatusProcessing, OperationID: op}
+	for try := 0; try < 4; try++ {
+		p, lease, err := s.reserve(ctx, rec, req, sealed)
+		var rej *rejection
+		switch {
+		case err == nil:
 			// From here on the work belongs to the key, not to the HTTP
 			// request: a client that hangs up must not leave it half done.
-			return s.own(context.WithoutCancel(ctx), rec, lease, req)
+			return s.own(context.WithoutCancel(ctx), p, lease)
+		case errors.Is(err, errKeyTaken):
+			other, err := GetRecord(ctx, s.pool, merchantID, key)
+			if errors.Is(err, ErrNotFound) {
+				continue // pruned, released or rolled back between the two statements: try again
+			}
+			if err != nil {
+				return Response{}, fmt.Errorf("payments: read the key's record: %w", err)
+			}
+			return s.answerFromRecord(other, hash), nil
+		case errors.Is(err, errInvoiceTaken):
+			// The invoice's unique indexes decided between racing keys: this
+			// one answers with the attempt that holds the invoice, or, when
+			// that attempt has failed meanwhile, tries again as the next one.
+			live, err := LiveAttempt(ctx, s.pool, merchantID, req.InvoiceID, PaymentTypeCharge)
+			if errors.Is(err, ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return Response{}, fmt.Errorf("payments: read the invoice's live attempt: %w", err)
+			}
+			rej = duplicateRejection(live)
+		case !errors.As(err, &rej):
+			return Response{}, err
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return Response{}, fmt.Errorf("payments: take ownership: %w", err)
-		}
-		rec, err := GetRecord(ctx, s.pool, merchantID, key)
-		if errors.Is(err, ErrNotFound) {
-			continue // pruned or released between the two statements: try again
-		}
-		if err != nil {
-			return Response{}, fmt.Errorf("payments: read the key's record: %w", err)
-		}
-		return s.answerFromRecord(rec, hash), nil
+		return s.reject(ctx, rec, rej)
 	}
-	return Response{}, errors.New("payments: could not take or read the key")
+	return Response{}, errors.New("payments: the key or the invoice's attempts kept changing")
 }
 
 // answerFromRecord answers a request whose key belongs to someone else.
@@ -180,38 +191,47 @@ func (s *Service) answerCurrent(ctx context.Context, op uuid.UUID) (Response, er
 	return s.answerFromRecord(rec, ""), nil
 }
 
-// own runs the payment for the key this process just took.
-func (s *Service) own(ctx context.Context, rec Record, lease time.Time, req Request) (Response, error) {
-	if s.afterOwnership != nil {
-		if err := s.afterOwnership(rec); err != nil {
-			return Response{}, fmt.Errorf("payments: after ownership: %w", err)
-		}
+// reject stores a rejection as the key's final answer, in a transaction of
+// its own (the reserve transaction that found it rolled back, so nothing
+// else of the request was written). A request with the same key that took
+// the key meanwhile owns it: this one answers from its record.
+func (s *Service) reject(ctx context.Context, rec Record, rej *rejection) (Response, error) {
+	if rej.code == CodeDuplicateInvoice {
+		s.m.conflicts.WithLabelValues(ConflictBusinessDuplicate).Inc()
 	}
-	sealed, err := s.sealCustomer(rec.OperationID, req.Customer)
-	if err != nil {
-		return Response{}, fmt.Errorf("payments: encrypt customer: %w", err)
+	s.m.payments.WithLabelValues(rej.outcome).Inc()
+	body := rej.body
+	if body == nil {
+		body = ErrorBody(rej.code, rej.message)
 	}
-	p, lease, err := s.reserve(ctx, rec, lease, req, sealed)
-	var rej *rejection
-	switch {
-	case errors.As(err, &rej):
-		if rej.code == CodeDuplicateInvoice {
-			s.m.conflicts.WithLabelValues(ConflictBusinessDuplicate).Inc()
-		}
-		s.m.payments.WithLabelValues(rej.outcome).Inc()
-		stored, err := s.finishRejected(ctx, rec.OperationID, lease, rej)
-		if errors.Is(err, ErrLeaseLost) {
-			return s.answerCurrent(ctx, rec.OperationID)
+	stored, err := scanRecord(s.pool.QueryRow(ctx, `
+		INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, status, operation_id, response_status, response_body, locked_until, created_at, updated_at, expires_at)
+		SELECT @merchant, @key, @hash, 'failed', @op, @status, @body::jsonb, NULL, t.now, t.now, t.now + @window::bigint * interval '1 microsecond'
+		FROM (SELECT `+dbNow+` AS now) t
+		ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
+		RETURNING `+recordCols, pgx.NamedArgs{
+		"merchant": rec.MerchantID, "key": rec.Key, "hash": rec.RequestHash, "op": rec.OperationID, "now": s.nowArg(),
+		"status": rej.status, "body": string(body), "window": s.cfg.RetryWindow.Microseconds(),
+	}))
+	if errors.Is(err, ErrNotFound) {
+		other, err := GetRecord(ctx, s.pool, rec.MerchantID, rec.Key)
+		if errors.Is(err, ErrNotFound) {
+			return Response{Status: 409, RetryAfter: s.cfg.RetryAfterSeconds, Body: ErrorBody(CodeInProgress, "the request was interrupted; retry with the same Idempotency-Key")}, nil
 		}
 		if err != nil {
-			return Response{}, err
+			return Response{}, fmt.Errorf("payments: read the key's record: %w", err)
 		}
-		return Response{Status: stored.ResponseStatus, Body: stored.ResponseBody}, nil
-	case errors.Is(err, ErrLeaseLost):
-		return s.answerCurrent(ctx, rec.OperationID)
-	case err != nil:
-		return Response{}, err
+		return s.answerFromRecord(other, rec.RequestHash), nil
 	}
+	if err != nil {
+		return Response{}, fmt.Errorf("payments: store the rejection of %s: %w", rec.OperationID, err)
+	}
+	return Response{Status: stored.ResponseStatus, Body: stored.ResponseBody}, nil
+}
+
+// own runs the payment whose reserve transaction this process just
+// committed: the provider call, then the settlement.
+func (s *Service) own(ctx context.Context, p Payment, lease time.Time) (Response, error) {
 	if s.afterReserve != nil {
 		if err := s.afterReserve(p); err != nil {
 			return Response{}, fmt.Errorf("payments: after reserve: %w", err)
@@ -219,12 +239,12 @@ func (s *Service) own(ctx context.Context, rec Record, lease time.Time, req Requ
 	}
 	// The provider call: outside any transaction, no row lock held, the
 	// operation id as the provider's idempotency key.
-	res, cerr := s.charge(ctx, provider.ChargeRequest{OperationID: p.OperationID, Amount: p.Amount, Currency: p.Currency})
+	res, call, cerr := s.charge(ctx, provider.ChargeRequest{OperationID: p.OperationID, Amount: p.Amount, Currency: p.Currency})
 	to, d := outcomeOfCharge(res, cerr)
 	if cerr != nil {
 		s.log.Warn("payments: provider charge", "operation_id", p.OperationID, "err", cerr)
 	}
-	stored, err := s.settle(ctx, p.OperationID, StatusProcessing, to, d, &lease)
+	stored, err := s.settle(ctx, p.OperationID, StatusProcessing, to, d, &lease, &call)
 	if errors.Is(err, ErrLeaseLost) || errors.Is(err, errStateChanged) {
 		return s.answerCurrent(ctx, p.OperationID)
 	}
@@ -276,66 +296,52 @@ func (s *Service) sealCustomer(op uuid.UUID, c Customer) (sealedCustomer, error)
 	return out, nil
 }
 
-// reserve is the second transaction: it re-checks and extends the lease (a
-// fencing token: a worker that lost the key writes nothing), checks that the
+// errKeyTaken: another request holds or held the key (the reserve
+// transaction is rolled back; the key's record answers).
+var errKeyTaken = errors.New("payments: the key has a record")
+
+// reserve is the one transaction before the provider call: it takes the
+// key (its idempotency record, processing, with a lease), checks that the
 // account is the merchant's, creates the payment as the invoice's next
 // attempt, reserves the balance with one conditional UPDATE and writes
-// payment.requested.v1. It returns the extended lease.
+// payment.requested.v1. It returns the payment and the lease. Only after it
+// commits is the provider called, so a crash leaves either nothing (rolled
+// back: a retry with the key starts afresh) or a payment that recovery
+// takes over when the lease ends.
 //
-// The invoice's unique indexes decide between racing keys: the loser's
-// transaction rolls back, and it answers with the attempt that holds the
-// invoice; when that attempt has failed meanwhile, the loser tries again as
-// the next attempt.
-func (s *Service) reserve(ctx context.Context, rec Record, lease time.Time, req Request, customer sealedCustomer) (Payment, time.Time, error) {
-	for try := 0; ; try++ {
-		p, newLease, err := s.reserveOnce(ctx, rec, lease, req, customer)
-		if !errors.Is(err, errInvoiceTaken) {
-			return p, newLease, err
-		}
-		live, lerr := LiveAttempt(ctx, s.pool, rec.MerchantID, req.InvoiceID, PaymentTypeCharge)
-		switch {
-		case lerr == nil:
-			return Payment{}, lease, duplicateRejection(live)
-		case !errors.Is(lerr, ErrNotFound):
-			return Payment{}, lease, fmt.Errorf("payments: read the invoice's live attempt: %w", lerr)
-		case try == 2:
-			return Payment{}, lease, fmt.Errorf("payments: invoice attempts kept changing: %w", err)
-		}
-	}
-}
-
-func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, req Request, customer sealedCustomer) (Payment, time.Time, error) {
+// Answers that are not payments come back as errors: errKeyTaken (another
+// request's record), errInvoiceTaken (a racing or live attempt of the
+// invoice holds its unique indexes) and *rejection; the transaction is then
+// rolled back and the caller answers.
+func (s *Service) reserve(ctx context.Context, rec Record, req Request, customer sealedCustomer) (Payment, time.Time, error) {
 	var p Payment
-	newLease := lease
+	var lease time.Time
 	err := db.WithTx(ctx, s.pool, func(tx pgx.Tx) error {
-		// now is the transaction's one time, read back from the lease
-		// extension, for every row and the event it writes.
+		// now is the transaction's one time, read back from the record, for
+		// every row and the event it writes.
 		var now time.Time
 		err := tx.QueryRow(ctx, `
-			UPDATE idempotency_record SET locked_until = t.now + @lease::bigint * interval '1 microsecond', updated_at = t.now
+			INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, status, operation_id, locked_until, created_at, updated_at, expires_at)
+			SELECT @merchant, @key, @hash, 'processing', @op, t.now + @lease::bigint * interval '1 microsecond', t.now, t.now,
+			       t.now + @window::bigint * interval '1 microsecond'
 			FROM (SELECT `+dbNow+` AS now) t
-			WHERE operation_id = @op AND status = 'processing' AND locked_until = @fence
-			RETURNING locked_until, updated_at`, pgx.NamedArgs{
-			"op": rec.OperationID, "fence": lease, "now": s.nowArg(), "lease": s.cfg.Lease.Microseconds(),
-		}).Scan(&newLease, &now)
+			ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
+			RETURNING locked_until, created_at`, pgx.NamedArgs{
+			"merchant": rec.MerchantID, "key": rec.Key, "hash": rec.RequestHash, "op": rec.OperationID, "now": s.nowArg(),
+			"lease": s.cfg.Lease.Microseconds(), "window": s.cfg.RetryWindow.Microseconds(),
+		}).Scan(&lease, &now)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrLeaseLost
+			return errKeyTaken
 		}
 		if err != nil {
-			return fmt.Errorf("payments: extend the lease: %w", err)
+			return fmt.Errorf("payments: take ownership: %w", err)
 		}
-		// One answer whether the account is another merchant's or does not
-		// exist at all: a merchant learns nothing about others' accounts.
-		var currency string
-		err = tx.QueryRow(ctx, `SELECT currency FROM account WHERE account_id = $1 AND merchant_id = $2`, req.AccountID, rec.MerchantID).Scan(&currency)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return &rejection{status: 403, code: CodeAccountForbidden, message: "the account is not one of this merchant's accounts", outcome: "rejected"}
-		}
-		if err != nil {
-			return fmt.Errorf("payments: read account %d: %w", req.AccountID, err)
-		}
-		if currency != req.Currency {
-			return &rejection{status: 422, code: CodeCurrencyMismatch, message: "the account is kept in another currency", outcome: "rejected"}
+		if s.afterOwnership != nil {
+			owned := rec
+			owned.LockedUntil = &lease
+			if err := s.afterOwnership(owned); err != nil {
+				return fmt.Errorf("payments: after ownership: %w", err)
+			}
 		}
 		custJSON, err := json.Marshal(customer.fields)
 		if err != nil {
@@ -343,9 +349,10 @@ func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, 
 		}
 		p, err = scanPayment(tx.QueryRow(ctx, `
 			INSERT INTO payment (operation_id, merchant_id, invoice_id, payment_type, attempt, account_id, amount, currency, customer, customer_email_bidx, customer_tax_id_bidx, status, created_at, updated_at)
-			VALUES (@op, @merchant, @invoice, @type,
+			SELECT @op, @merchant, @invoice, @type,
 				(SELECT coalesce(max(attempt), 0) + 1 FROM payment WHERE merchant_id = @merchant AND invoice_id = @invoice AND payment_type = @type),
-				@account, @amount::numeric, @currency, @customer, @email_bidx, @tax_id_bidx, 'processing', @now, @now)
+				@account, @amount::numeric, @currency, @customer, @email_bidx, @tax_id_bidx, 'processing', @now, @now
+			FROM account a WHERE a.account_id = @account AND a.merchant_id = @merchant AND a.currency = @currency
 			RETURNING `+paymentCols, pgx.NamedArgs{
 			"op": rec.OperationID, "merchant": rec.MerchantID, "invoice": req.InvoiceID, "type": PaymentTypeCharge,
 			"account": req.AccountID, "amount": req.Amount.StringFixed(2), "currency": req.Currency, "customer": custJSON, "email_bidx": customer.emailBidx, "tax_id_bidx": customer.taxIDBidx, "now": now,
@@ -356,33 +363,50 @@ func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, 
 				return errInvoiceTaken
 			}
 		}
+		if errors.Is(err, ErrNotFound) {
+			// The insert reads the account: it is not this merchant's, or
+			// not in this currency.
+			return accountRejection(ctx, tx, rec.MerchantID, req)
+		}
 		if err != nil {
 			return fmt.Errorf("payments: insert payment: %w", err)
 		}
-		ok, err := s.reserveBalance(ctx, tx, req.AccountID, req.Amount.StringFixed(2), now)
+		ok, err := s.reserveBalance(ctx, tx, rec.OperationID, req.AccountID, req.Amount.StringFixed(2), now)
 		if err != nil {
 			return err
 		}
 		if !ok {
 			return &rejection{status: 402, code: CodeInsufficientFunds, message: "the account's available balance does not cover the amount", outcome: "insufficient_funds"}
 		}
-		if _, err := tx.Exec(ctx, `
-			INSERT INTO balance_reservation (operation_id, account_id, amount, status, created_at, updated_at)
-			VALUES ($1, $2, $3::numeric, 'active', $4, $4)`, rec.OperationID, req.AccountID, req.Amount.StringFixed(2), now); err != nil {
-			return fmt.Errorf("payments: insert reservation: %w", err)
-		}
 		return insertEvent(ctx, tx, s.kr, s.cfg.Topic, EventRequested, p, now, &customer.clear)
 	})
 	if err != nil {
-		// Rolled back: the lease in the database is still the old one.
 		var rej *rejection
-		if errors.As(err, &rej) || errors.Is(err, ErrLeaseLost) || errors.Is(err, errInvoiceTaken) {
-			return Payment{}, lease, err // answers, not failures
+		if errors.As(err, &rej) || errors.Is(err, errKeyTaken) || errors.Is(err, errInvoiceTaken) {
+			return Payment{}, time.Time{}, err // answers, not failures
 		}
-		return Payment{}, lease, fmt.Errorf("payments: reserve %s: %w", rec.OperationID, err)
+		return Payment{}, time.Time{}, fmt.Errorf("payments: reserve %s: %w", rec.OperationID, err)
 	}
 	s.poke() // payment.requested.v1 is committed
-	return p, newLease, nil
+	return p, lease, nil
+}
+
+// accountRejection says why the payment insert found no account: one
+// answer whether the account is another merchant's or does not exist at
+// all (a merchant learns nothing about others' accounts), another when it
+// is the merchant's but kept in another currency.
+func accountRejection(ctx context.Context, tx pgx.Tx, merchantID string, req Request) error {
+	var currency string
+	err := tx.QueryRow(ctx, `SELECT currency FROM account WHERE account_id = $1 AND merchant_id = $2`, req.AccountID, merchantID).Scan(&currency)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return &rejection{status: 403, code: CodeAccountForbidden, message: "the account is not one of this merchant's accounts", outcome: "rejected"}
+	case err != nil:
+		return fmt.Errorf("payments: read account %d: %w", req.AccountID, err)
+	case currency != req.Currency:
+		return &rejection{status: 422, code: CodeCurrencyMismatch, message: "the account is kept in another currency", outcome: "rejected"}
+	}
+	return fmt.Errorf("payments: account %d of %s took no payment in %s", req.AccountID, merchantID, req.Currency)
 }
 
 // reserveBalance is the balance invariant in one conditional UPDATE: the
@@ -390,15 +414,21 @@ func (s *Service) reserveOnce(ctx context.Context, rec Record, lease time.Time, 
 // value. It first tries the row lock without waiting, so that a wait — a
 // hot account — is seen and measured (sluice_payments_reservations_contended_total,
 // sluice_payments_reservation_lock_wait_seconds) without naming the account.
-func (s *Service) reserveBalance(ctx context.Context, tx pgx.Tx, account int64, amount string, now time.Time) (bool, error) {
+// A reservation that succeeds writes its balance_reservation row (op's), in
+// the same statement on the uncontended path.
+func (s *Service) reserveBalance(ctx context.Context, tx pgx.Tx, op uuid.UUID, account int64, amount string, now time.Time) (bool, error) {
 	var locked, reserved bool
 	err := tx.QueryRow(ctx, `
 		WITH l AS (SELECT account_id FROM account WHERE account_id = $1 FOR NO KEY UPDATE SKIP LOCKED),
 		u AS (
 			UPDATE account SET reserved = reserved + $2::numeric, updated_at = $3
 			WHERE account_id IN (SELECT account_id FROM l) AND balance - reserved >= $2::numeric
+			RETURNING 1),
+		r AS (
+			INSERT INTO balance_reservation (operation_id, account_id, amount, status, created_at, updated_at)
+			SELECT $4, $1, $2::numeric, 'active', $3, $3 WHERE EXISTS (SELECT 1 FROM u)
 			RETURNING 1)
-		SELECT EXISTS (SELECT 1 FROM l), EXISTS (SELECT 1 FROM u)`, account, amount, now).Scan(&locked, &reserved)
+		SELECT EXISTS (SELECT 1 FROM l), EXISTS (SELECT 1 FROM r)`, account, amount, now, op).Scan(&locked, &reserved)
 	if err != nil {
 		return false, fmt.Errorf("payments: reserve: %w", err)
 	}
@@ -415,28 +445,15 @@ func (s *Service) reserveBalance(ctx context.Context, tx pgx.Tx, account int64, 
 	if err != nil {
 		return false, fmt.Errorf("payments: reserve: %w", err)
 	}
-	return tag.RowsAffected() == 1, nil
-}
-
-// finishRejected stores a rejection as the key's result, if this worker
-// still holds the key.
-func (s *Service) finishRejected(ctx context.Context, op uuid.UUID, lease time.Time, rej *rejection) (Record, error) {
-	body := rej.body
-	if body == nil {
-		body = ErrorBody(rej.code, rej.message)
+	if tag.RowsAffected() != 1 {
+		return false, nil
 	}
-	rec, err := scanRecord(s.pool.QueryRow(ctx, `
-		UPDATE idempotency_record
-		SET status = 'failed', response_status = @status, response_body = @body::jsonb, locked_until = NULL, updated_at = `+dbNow+`
-		WHERE operation_id = @op AND status = 'processing' AND locked_until = @fence
-		RETURNING `+recordCols, pgx.NamedArgs{"op": op, "fence": lease, "status": rej.status, "body": string(body), "now": s.nowArg()}))
-	if errors.Is(err, ErrNotFound) {
-		return Record{}, ErrLeaseLost
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO balance_reservation (operation_id, account_id, amount, status, created_at, updated_at)
+		VALUES ($1, $2, $3::numeric, 'active', $4, $4)`, op, account, amount, now); err != nil {
+		return false, fmt.Errorf("payments: insert reservation: %w", err)
 	}
-	if err != nil {
-		return Record{}, fmt.Errorf("payments: store the rejection of %s: %w", op, err)
-	}
-	return rec, nil
+	return true, nil
 }
 
 // eventPayload is the JSON of payment.* events. Its fields are declared in

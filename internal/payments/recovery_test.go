@@ -142,10 +142,11 @@ func TestCrashAfterChargeRecoveryInquires(t *testing.T) {
 	e.checkBooks(1)
 }
 
-// The worker dies between the ownership commit and the reserve transaction
-// → there is no payment and nothing was charged: recovery releases the key
-// and the client's retry with the same key runs the payment once.
-func TestCrashBeforeReserveReleasesKey(t *testing.T) {
+// The worker dies inside its one transaction before the provider call,
+// right after taking the key → the transaction rolls back: no record, no
+// payment, nothing charged, and the client's retry with the same key runs
+// the payment once.
+func TestCrashBeforeReserveCommitLeavesNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{})
 	e.account(1, "5000")
@@ -156,6 +157,36 @@ func TestCrashBeforeReserveReleasesKey(t *testing.T) {
 		t.Fatalf("crashed: %d", a.status)
 	}
 	e.svc.afterOwnership = nil
+	if n := e.count(`SELECT count(*) FROM idempotency_record`) + e.count(`SELECT count(*) FROM payment`); n != 0 || len(e.sim.Charges()) != 0 {
+		t.Fatalf("a rolled-back reserve left %d rows or %d charges", n, len(e.sim.Charges()))
+	}
+	a := e.post(key, body)
+	if a.status != 201 || a.replayed {
+		t.Fatalf("retry: %d %s", a.status, a.body)
+	}
+	if e.sim.MoneyMoved() != 1 || debits(e, 1) != 1 {
+		t.Fatal("want one charge")
+	}
+	e.checkBooks(1)
+}
+
+// A key held without a payment (an orphan: what a worker of a version that
+// committed the key before the payment left behind when it died) answers
+// 409 during its lease; recovery releases it when the lease ends, and the
+// client's retry with the same key runs the payment once.
+func TestOrphanKeyIsReleased(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	e.account(1, "5000")
+	e.keyOf(e.merchant)
+	key := newKey()
+	body := payBody("inv-orphan", 1, "100")
+	if _, err := e.pool.Exec(context.Background(), `
+		INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, status, operation_id, locked_until, created_at, updated_at, expires_at)
+		VALUES ($1, $2, $3, 'processing', $4, $5::timestamptz + interval '30 seconds', $5, $5, $5::timestamptz + interval '72 hours')`,
+		e.merchant, key, body.Hash(e.svc.kr.MAC), uuid.Must(uuid.NewV7()), e.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
 	if a := e.post(key, body); a.status != 409 {
 		t.Fatalf("retry during the lease: %d", a.status)
 	}
@@ -173,14 +204,18 @@ func TestCrashBeforeReserveReleasesKey(t *testing.T) {
 }
 
 // A slow owner whose lease was taken over cannot write after the take-over:
-// the lease is its fencing token.
+// the lease is its fencing token. It stalls after its reserve commit, past
+// its lease; recovery takes the key over and settles the payment; the stale
+// owner's charge is answered by the provider's idempotency (no money moves
+// twice) and its settlement writes nothing: it answers with the key's
+// current result.
 func TestStaleOwnerIsFenced(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{})
 	e.account(1, "5000")
 	release := make(chan struct{})
 	reached := make(chan struct{})
-	e.svc.afterOwnership = func(Record) error {
+	e.svc.afterReserve = func(Payment) error {
 		close(reached)
 		<-release
 		return nil
@@ -190,23 +225,27 @@ func TestStaleOwnerIsFenced(t *testing.T) {
 	go func() { done <- e.post(key, payBody("inv-slow", 1, "100")) }()
 	<-reached
 	e.clk.Advance(31 * time.Second)
-	// Orphan (no payment yet): recovery releases the key...
 	if n, err := e.svc.RecoverOnce(context.Background()); err != nil || n != 1 {
 		t.Fatalf("recovery: %d %v", n, err)
 	}
+	var recovered time.Time
+	if err := e.pool.QueryRow(context.Background(), `SELECT updated_at FROM payment`).Scan(&recovered); err != nil {
+		t.Fatal(err)
+	}
 	close(release)
 	a := <-done
-	// ...so the stale owner's reserve transaction must write nothing.
-	if e.count(`SELECT count(*) FROM payment`) != 0 || len(e.sim.Charges()) != 0 {
-		t.Fatalf("a fenced owner wrote a payment or charged (answer %d %s)", a.status, a.body)
+	e.svc.afterReserve = nil
+	var updated time.Time
+	if err := e.pool.QueryRow(context.Background(), `SELECT updated_at FROM payment`).Scan(&updated); err != nil {
+		t.Fatal(err)
 	}
-	if a.status != 409 || a.retryAfter == 0 {
-		t.Fatalf("fenced owner answered %d %s, want 409 + Retry-After", a.status, a.body)
+	if !updated.Equal(recovered) || debits(e, 1) != 1 || e.sim.MoneyMoved() != 1 {
+		t.Fatalf("a fenced owner wrote after the take-over (debits %d, money moved %d)", debits(e, 1), e.sim.MoneyMoved())
 	}
-	e.svc.afterOwnership = nil
-	if r := e.post(key, payBody("inv-slow", 1, "100")); r.status != 201 || e.sim.MoneyMoved() != 1 {
-		t.Fatalf("retry after the fence: %d %s", r.status, r.body)
+	if a.status != 201 || !a.replayed {
+		t.Fatalf("fenced owner answered %d %s, want the key's stored 201", a.status, a.body)
 	}
+	e.checkBooks(1)
 }
 
 // The provider charges, then the answer times out → unknown: the client sees

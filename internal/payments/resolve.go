@@ -27,7 +27,26 @@ type details struct {
 
 // settle records a charge's outcome in one transaction. With a fence, the
 // caller must still hold the key's lease (locked_until = *fence).
-func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d details, fence *time.Time) (Record, error) {
+//
+// call, when not nil, is the provider call whose answer this is: it is
+// written in the same transaction when the lease still holds, and on its own
+// otherwise (recording never changes a payment's course).
+func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d details, fence *time.Time, call *callRecord) (Record, error) {
+	rec, err := s.settleTx(ctx, op, from, to, d, fence, call)
+	if err == nil || call == nil {
+		return rec, err
+	}
+	// The transaction did not keep the call: write it on its own; and as
+	// the failure may have been the call's insert, settle again without it.
+	s.recordCall(ctx, op, *call)
+	if errors.Is(err, ErrLeaseLost) || errors.Is(err, errStateChanged) {
+		return rec, err
+	}
+	s.log.Warn("payments: settle with the provider call's record", "operation_id", op, "err", err)
+	return s.settleTx(ctx, op, from, to, d, fence, nil)
+}
+
+func (s *Service) settleTx(ctx context.Context, op uuid.UUID, from, to Status, d details, fence *time.Time, call *callRecord) (Record, error) {
 	if to == StatusUnknown {
 		d.inquireAfter = s.cfg.InquiryBackoff
 	}
@@ -39,7 +58,25 @@ func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d d
 		d.inquireAfter = s.cfg.InquiryBackoff
 	}
 	rec, err := db.WithTxV(ctx, s.pool, func(tx pgx.Tx) (Record, error) {
-		if fence != nil {
+		switch {
+		case fence != nil && call != nil:
+			// The lease check and the call's record in one statement: the
+			// call is written only while this worker holds the key.
+			args := s.callArgs(op, *call)
+			args["fence"] = *fence
+			var held bool
+			err := tx.QueryRow(ctx, `
+				WITH lease AS (
+					SELECT 1 FROM idempotency_record WHERE operation_id = @op AND status = 'processing' AND locked_until = @fence FOR UPDATE),
+				call AS (`+insertCallSQL+` WHERE EXISTS (SELECT 1 FROM lease) RETURNING 1)
+				SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM call)`, args).Scan(&held, new(bool))
+			if err != nil {
+				return Record{}, fmt.Errorf("payments: check the lease of %s: %w", op, err)
+			}
+			if !held {
+				return Record{}, ErrLeaseLost
+			}
+		case fence != nil:
 			var one int
 			err := tx.QueryRow(ctx, `SELECT 1 FROM idempotency_record WHERE operation_id = $1 AND status = 'processing' AND locked_until = $2 FOR UPDATE`, op, *fence).Scan(&one)
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -47,6 +84,10 @@ func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d d
 			}
 			if err != nil {
 				return Record{}, fmt.Errorf("payments: check the lease of %s: %w", op, err)
+			}
+		case call != nil:
+			if _, err := tx.Exec(ctx, insertCallSQL, s.callArgs(op, *call)); err != nil {
+				return Record{}, fmt.Errorf("payments: record the provider call of %s: %w", op, err)
 			}
 		}
 		_, rec, err := transition(ctx, tx, op, from, to, d, s.nowArg(), s.cfg.Topic)
@@ -143,27 +184,16 @@ func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d
 		return Payment{}, Record{}, fmt.Errorf("payments: move %s from %s to %s: %w", op, from, to, err)
 	}
 	now := p.UpdatedAt
-	amount := p.Amount.StringFixed(2)
 	var eventType string
 	switch to {
 	case StatusCompleted:
-		if err := moveReservation(ctx, tx, op, ReservationFinalized, now); err != nil {
+		if err := moveBooks(ctx, tx, p, ReservationFinalized, now); err != nil {
 			return Payment{}, Record{}, err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE account SET balance = balance - $2::numeric, reserved = reserved - $2::numeric, updated_at = $3 WHERE account_id = $1`, p.AccountID, amount, now); err != nil {
-			return Payment{}, Record{}, fmt.Errorf("payments: finalize: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO ledger_entry (operation_id, account_id, entry_type, amount, currency, memo, created_at) VALUES ($1, $2, 'debit', $3::numeric, $4, $5, $6)`,
-			op, p.AccountID, amount, p.Currency, "payment "+p.InvoiceID, now); err != nil {
-			return Payment{}, Record{}, fmt.Errorf("payments: ledger: %w", err)
 		}
 		eventType = EventCompleted
 	case StatusFailed:
-		if err := moveReservation(ctx, tx, op, ReservationReleased, now); err != nil {
+		if err := moveBooks(ctx, tx, p, ReservationReleased, now); err != nil {
 			return Payment{}, Record{}, err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE account SET reserved = reserved - $2::numeric, updated_at = $3 WHERE account_id = $1`, p.AccountID, amount, now); err != nil {
-			return Payment{}, Record{}, fmt.Errorf("payments: release: %w", err)
 		}
 		eventType = EventFailed
 	case StatusUnknown:
@@ -186,13 +216,37 @@ func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d
 	return p, rec, nil
 }
 
-func moveReservation(ctx context.Context, tx pgx.Tx, op uuid.UUID, to string, now time.Time) error {
-	tag, err := tx.Exec(ctx, `UPDATE balance_reservation SET status = $2, updated_at = $3 WHERE operation_id = $1 AND status = 'active'`, op, to, now)
+// moveBooks moves the payment's active reservation to finalized (the
+// account is debited and the ledger gets its debit entry) or released (the
+// reserved amount is available again), in one statement: the account and
+// the ledger change only when the reservation was active.
+func moveBooks(ctx context.Context, tx pgx.Tx, p Payment, to string, now time.Time) error {
+	debit := to == ReservationFinalized
+	var moved int
+	err := tx.QueryRow(ctx, `
+		WITH r AS (
+			UPDATE balance_reservation SET status = $2, updated_at = $3
+			WHERE operation_id = $1 AND status = 'active'
+			RETURNING 1),
+		a AS (
+			UPDATE account SET balance = balance - CASE WHEN $6 THEN $5::numeric ELSE 0 END, reserved = reserved - $5::numeric, updated_at = $3
+			WHERE account_id = $4 AND EXISTS (SELECT 1 FROM r)
+			RETURNING 1),
+		l AS (
+			INSERT INTO ledger_entry (operation_id, account_id, entry_type, amount, currency, memo, created_at)
+			SELECT $1, $4, 'debit', $5::numeric, $7, $8, $3 WHERE $6 AND EXISTS (SELECT 1 FROM r)
+			RETURNING 1)
+		SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM a) + (SELECT count(*) FROM l)`,
+		p.OperationID, to, now, p.AccountID, p.Amount.StringFixed(2), debit, p.Currency, "payment "+p.InvoiceID).Scan(&moved)
 	if err != nil {
-		return fmt.Errorf("payments: move the reservation of %s to %s: %w", op, to, err)
+		return fmt.Errorf("payments: move the books of %s to %s: %w", p.OperationID, to, err)
 	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("payments: operation %s has no active reservation", op)
+	want := 2
+	if debit {
+		want = 3
+	}
+	if moved != want {
+		return fmt.Errorf("payments: operation %s has no active reservation (or its account is gone)", p.OperationID)
 	}
 	return nil
 }

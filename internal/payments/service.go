@@ -220,20 +220,24 @@ func (s *Service) Ready(ctx context.Context) error {
 	return nil
 }
 
-func (s *Service) charge(ctx context.Context, req provider.ChargeRequest) (provider.Result, error) {
+// charge calls the provider and returns the call for settle to record in
+// its transaction (callRecord); a caller that does not settle records it
+// with recordCall.
+func (s *Service) charge(ctx context.Context, req provider.ChargeRequest) (provider.Result, callRecord, error) {
 	start := time.Now()
 	res, err := s.prov.Charge(ctx, req)
-	d := time.Since(start)
+	end := time.Now()
+	d := end.Sub(start)
 	s.m.providerCall.WithLabelValues("charge").Observe(d.Seconds())
-	s.recordCall(ctx, req.OperationID, "charge", d, res, err)
-	return res, err
+	return res, callRecord{kind: "charge", d: d, end: end, res: res, err: err}, err
 }
 
 func (s *Service) inquire(ctx context.Context, p Payment) (provider.Result, error) {
 	start := time.Now()
 	res, err := s.prov.Inquire(ctx, p.OperationID)
-	d := time.Since(start)
+	end := time.Now()
+	d := end.Sub(start)
 	s.m.providerCall.WithLabelValues("inquire").Observe(d.Seconds())
-	s.recordCall(ctx, p.OperationID, "inquire", d, res, err)
+	s.recordCall(ctx, p.OperationID, callRecord{kind: "inquire", d: d, end: end, res: res, err: err})
 	return res, err
 }

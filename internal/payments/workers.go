@@ -52,15 +52,17 @@ func (s *Service) RunWorkers(ctx context.Context) error {
 }
 
 // RecoverOnce takes over keys whose owner died. A key without a payment row
-// (the owner died between the ownership commit and the reserve transaction)
 // is released: nothing happened and nothing can have been charged (the
 // provider is only called after the payment commits), so the client's retry
-// with the same key runs the payment from the start. A key with a
+// with the same key runs the payment from the start. (The service takes a
+// key and writes its payment in one transaction, so it leaves no such key
+// itself; versions that committed the key first did, when their owner died
+// in between, and keys written by them may still be in the table.) A key with a
 // processing payment is claimed atomically, and its outcome is asked from
 // the provider before anything else: never a blind second charge.
 func (s *Service) RecoverOnce(ctx context.Context) (int, error) {
-	// The lease is the fence: an owner still alive extends it in its reserve
-	// transaction (row-locked), and this DELETE re-checks it after waiting.
+	// The lease is the fence (settle checks it, row-locked), and this DELETE
+	// re-checks it after waiting.
 	// Leases are compared on the database clock (dbNow), not this host's.
 	tag, err := s.pool.Exec(ctx, `
 		DELETE FROM idempotency_record r
@@ -128,22 +130,25 @@ func (s *Service) recoverOne(ctx context.Context, op uuid.UUID, lease time.Time)
 	}
 	res, err := s.inquire(ctx, p)
 	to, d := StatusUnknown, details{}
+	var charged *callRecord // written by settle
 	switch {
 	case err == nil && res.Outcome.Definite():
 		to, d = outcomeOfCharge(res, nil)
 	case err == nil && res.Outcome == provider.NotFound:
 		// The provider never saw the charge: send it now, with the same
 		// operation id, so a late first attempt cannot charge twice.
-		cres, cerr := s.charge(ctx, provider.ChargeRequest{OperationID: p.OperationID, Amount: p.Amount, Currency: p.Currency})
+		cres, call, cerr := s.charge(ctx, provider.ChargeRequest{OperationID: p.OperationID, Amount: p.Amount, Currency: p.Currency})
 		if errors.Is(cerr, provider.ErrNotProcessed) {
 			// Nothing moved and nothing is known to be final: keep the key
 			// processing; the next lease expiry tries again.
+			s.recordCall(ctx, op, call)
 			return nil
 		}
 		to, d = outcomeOfCharge(cres, cerr)
+		charged = &call
 	}
 	s.log.Info("payments: recovered", "operation_id", op, "status", to)
-	_, err = s.settle(ctx, op, StatusProcessing, to, d, &lease)
+	_, err = s.settle(ctx, op, StatusProcessing, to, d, &lease, charged)
 	if errors.Is(err, ErrLeaseLost) || errors.Is(err, errStateChanged) {
 		return nil
 	}

@@ -47,6 +47,8 @@ type options struct {
 	profileSys  string
 	poolSize    int
 	explain     bool
+
+	payPool int // P1's service pool
 }
 
 func main() {
@@ -60,11 +62,12 @@ func main() {
 	flag.IntVar(&o.batch, "batch", 100, "relay and bare-loop batch size")
 	flag.IntVar(&o.pgbenchSecs, "pgbench-seconds", 0, "pgbench -N duration (default 20; quick 8; 0 skips with -pgbench-seconds=-1)")
 	flag.StringVar(&o.out, "out", "results/latest.json", "JSON results file")
-	flag.StringVar(&o.systems, "systems", "", "comma list of systems to run (default all): relay (with relay-bulk, the relay under a bulk job),bare,river,watermill")
+	flag.StringVar(&o.systems, "systems", "", "comma list of systems to run (default all): relay (with relay-bulk, the relay under a bulk job),bare,river,watermill,payments (P1)")
 	flag.StringVar(&o.sinks, "sinks", "null,nats", "comma list of sinks: null,nats")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the -profile system's runs to FILE-<sink>.pprof")
 	flag.StringVar(&o.profileSys, "profile", "relay", "system whose runs -cpuprofile covers")
 	flag.IntVar(&o.poolSize, "pool", 10, "connections per system's pool (the same for all)")
+	flag.IntVar(&o.payPool, "payments-pool", 32, "P1: the payments service's database pool (PAYMENTS_DB_POOL_SIZE)")
 	flag.BoolVar(&o.explain, "explain", false, "print EXPLAIN (ANALYZE, BUFFERS) of the claim and mark half-way through a drain of -rows, then exit")
 	flag.Parse()
 	def := func(v *int, full, quick int) {
@@ -132,6 +135,8 @@ type report struct {
 	Notes    []string       `json:"notes"`
 	Configs  []*config      `json:"configs"`
 	Ratios   []ratio        `json:"ratios"`
+
+	Payments *paymentsReport `json:"payments,omitempty"` // P1
 }
 
 func run(ctx context.Context, o options) error {
@@ -209,6 +214,11 @@ func run(ctx context.Context, o options) error {
 		run          func(context.Context, *pgxpool.Pool, broker.Publisher, int) (time.Duration, error)
 	}
 	var systems []system
+	if want(o.systems, "payments") {
+		if err := runPaymentsWorkload(ctx, o, admin, suffix, rep); err != nil {
+			return fmt.Errorf("P1 payments: %w", err)
+		}
+	}
 	if want(o.systems, "relay") || want(o.systems, "bare") {
 		pool, err := newDB("sluice")
 		if err != nil {
@@ -225,7 +235,7 @@ func run(ctx context.Context, o options) error {
 					return runRelay(ctx, p, pub, n, o.relays, o.batch, true)
 				}})
 		}
-		if want(o.systems, "relay") {
+		if want(o.systems, "relay") && os.Getenv("BENCH_NO_BULK") == "" {
 			systems = append(systems, system{kind: "relay-bulk", config: fmt.Sprintf("%d relays, batch %d, ordered, while a bulk job discards %d× as many dead events", o.relays, o.batch, bulkDeadFactor),
 				rows: o.rows, pool: pool, preload: preloadOutboxAndJob, table: "outbox_event",
 				run: func(ctx context.Context, p *pgxpool.Pool, pub broker.Publisher, n int) (time.Duration, error) {
@@ -272,6 +282,9 @@ func run(ctx context.Context, o options) error {
 
 	var sinks []sink
 	for _, s := range strings.Split(o.sinks, ",") {
+		if len(systems) == 0 {
+			break // P1 only
+		}
 		switch s {
 		case "null":
 			sinks = append(sinks, &nullSink{})
@@ -299,7 +312,7 @@ func run(ctx context.Context, o options) error {
 			pgss[s.pool] = err == nil
 		}
 	}
-	if !pgss[systems[0].pool] {
+	if len(systems) > 0 && !pgss[systems[0].pool] {
 		rep.Notes = append(rep.Notes, "pg_stat_statements is not loaded (shared_preload_libraries): statements per event not recorded")
 	}
 	// Runs are interleaved (rep → sink → system) so slow phases of a shared
@@ -474,6 +487,7 @@ func printTable(rep *report) {
 		}
 		fmt.Printf("%-6s %-24s %7.2f× %6.2f–%-6.2f %8s  %s\n", r.Sink, r.Name, r.Median, r.Low, r.High, goal, r.Over)
 	}
+	printPayments(rep.Payments)
 	for _, n := range rep.Notes {
 		fmt.Println("note:", n)
 	}

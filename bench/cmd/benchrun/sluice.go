@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,8 +37,14 @@ var payload = func() json.RawMessage {
 }()
 
 func migrateSluice(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := db.Migrate(ctx, pool)
-	return err
+	if _, err := db.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if extra := os.Getenv("BENCH_OUTBOX_SQL"); extra != "" {
+		_, err := pool.Exec(ctx, extra)
+		return err
+	}
+	return nil
 }
 
 // preloadOutbox empties the outbox and writes rows pending events with COPY
