@@ -24,6 +24,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/shopspring/decimal"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/live"
@@ -102,6 +104,10 @@ type Config struct {
 	// PaymentsTopic is the outbox topic of payment.* events a resolution
 	// writes (default payments.DefaultTopic).
 	PaymentsTopic string
+	// TraceURL (CONSOLE_TRACE_URL) is a trace UI's address with {trace_id}
+	// in it, e.g. https://jaeger.example/trace/{trace_id}: the trace page
+	// links each trace id there. Empty: the ids are shown to copy, unlinked.
+	TraceURL string
 }
 
 // Defaults of Config, applied to zero fields by New; `console serve` shows
@@ -160,6 +166,9 @@ type Deps struct {
 	// VerifyEvery is how many rows a console chain verification walks
 	// between progress updates (0: audit.VerifyEvery).
 	VerifyEvery int64
+	// Tracing (nil: none) makes a server span per request, so the outbox
+	// events an action writes carry its trace context.
+	Tracing trace.TracerProvider
 }
 
 // App is a built console.
@@ -184,6 +193,7 @@ type App struct {
 	logins   *auth.IPLimiter
 	jobs     *outbox.JobRunner
 	kr       *pii.Keyring
+	tracer   trace.Tracer      // nil: tracing off
 	reveals  *auth.IPLimiter   // reveals per user per minute
 	verifier *verifier         // chain verifications asked for from the console (audit_verify.go)
 	inquirer *payments.Service // nil: no provider configured
@@ -285,7 +295,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		cfg: cfg, pool: deps.Pool, log: deps.Logger, cookies: cookies, reg: deps.Registry,
 		origin: originOf(pub), ln: deps.Listener, mln: deps.MetricsListener, now: deps.Now,
 		wsOpen: map[string]int{}, logins: auth.NewIPLimiter(cfg.LoginRate, time.Minute, deps.Now),
-		kr: deps.Keyring, reveals: auth.NewIPLimiter(RevealsPerMinute, time.Minute, deps.Now),
+		kr: deps.Keyring, tracer: requestTracer(deps.Tracing), reveals: auth.NewIPLimiter(RevealsPerMinute, time.Minute, deps.Now),
 	}
 	a.sessions = auth.NewSessions(deps.Pool, cfg.SessionLifetime, cfg.SessionIdle, deps.Now)
 	a.rp, err = auth.NewRP(ctx, auth.RPConfig{
@@ -336,7 +346,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	a.links = views.Links{
 		Outbox: a.serves("/outbox"), OutboxEvent: a.serves("/outbox/x"), Payment: a.serves("/payments/x"),
 		Payments: a.serves("/payments"), Inbox: a.serves("/inbox"), Audit: a.serves("/audit"),
-		Jobs: a.serves("/jobs"), Approvals: a.serves("/approvals"),
+		Jobs: a.serves("/jobs"), Approvals: a.serves("/approvals"), Trace: a.serves("/trace/event/x"),
 	}
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(a.crossOriginDenied))
@@ -490,6 +500,7 @@ func (a *App) newEcho() *echo.Echo {
 	e.HTTPErrorHandler = a.handleError
 	e.Use(middleware.Recover())
 	e.Use(requestID)
+	e.Use(a.traced)
 	e.Use(a.securityHeaders)
 	e.Use(a.metrics.middleware)
 	// A settlement file may be larger than any form: its route alone gets

@@ -64,6 +64,9 @@ func (a *App) eventData(ctx context.Context, c echo.Context, id uuid.UUID) (view
 	}
 	d := views.EventData{E: e, Audit: entries, CanAct: canAct(c), CanAudit: a.links.Audit && may(c, auth.PermAudit),
 		Live: watchURL(mark, e.Status == outbox.StatusPending), MaskedPayload: pii.MaskPayload(e.EventType, e.Payload)}
+	if a.links.Trace {
+		d.Trace = traceURL(traceKindEvent, e.ID.String())
+	}
 	if a.kr != nil {
 		// With the keys, sealed fields show masked ("A*** Y***") instead of
 		// only "[encrypted]", and a permitted user may reveal one.

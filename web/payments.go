@@ -225,6 +225,9 @@ func (a *App) paymentData(ctx context.Context, c echo.Context, op uuid.UUID) (vi
 	d := views.PaymentData{P: p, CanInquire: a.inquirer != nil,
 		Threshold: a.cfg.FourEyesAbove.StringFixed(2), FourEyes: p.Amount.GreaterThan(a.cfg.FourEyesAbove)}
 	d.Customer = payments.MaskCustomer(a.kr, p)
+	if a.links.Trace {
+		d.Trace = traceURL(traceKindPayment, op.String())
+	}
 	if a.kr != nil && a.mayReveal(c) {
 		for _, field := range sortedFields(p.Customer) {
 			d.Reveal = append(d.Reveal, views.RevealField{TargetType: auditTargetPayment, TargetID: op.String(), Field: field})

@@ -71,6 +71,8 @@ func (a *App) routes() []route {
 		{http.MethodPost, "/payments/:op/inquire", api(auth.PermPaymentsAct), a.inquirePayment},
 		{http.MethodPost, "/payments/:op/resolve", api(auth.PermPaymentsAct), a.resolvePayment},
 		{http.MethodGet, "/approvals", page(auth.PermPaymentsAct), a.approvalsPage},
+		// One operation end to end: payment, aggregate or event (trace.go).
+		{http.MethodGet, "/trace/:kind/:id", page(auth.PermView), a.trace},
 		{http.MethodPost, "/approvals/:id/approve", api(auth.PermPaymentsAct), a.decideApproval(true)},
 		{http.MethodPost, "/approvals/:id/reject", api(auth.PermPaymentsAct), a.decideApproval(false)},
 	}

@@ -15,7 +15,7 @@ func runConsume(ctx context.Context, e env, args []string) error {
 		"its aggregate's last applied sequence is dropped as stale. Stops cleanly on SIGINT/SIGTERM.", &c, args, nil); err != nil {
 		return err
 	}
-	w, err := openBrokerWorker(ctx, e, c.Common, c.Broker)
+	w, err := openBrokerWorker(ctx, e, "consume", c.Common, c.Broker)
 	if err != nil {
 		return err
 	}
@@ -28,7 +28,7 @@ func runConsume(ctx context.Context, e env, args []string) error {
 	if err := w.serveMetrics(c.MetricsAddr); err != nil {
 		return err
 	}
-	consumer := &inbox.Consumer{Inbox: in, Name: c.Consumer}
+	consumer := &inbox.Consumer{Inbox: in, Name: c.Consumer, Tracing: w.tracing.Provider()}
 	log.Info("consumer started", "consumer", c.Consumer)
 	err = consumer.Run(ctx, w.broker)
 	n := consumer.Counts()

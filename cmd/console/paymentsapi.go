@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/payments"
 	"github.com/sluice-dev/sluice/internal/payments/paymentsapi"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
+	"github.com/sluice-dev/sluice/internal/telemetry"
 )
 
 func runPaymentsAPI(ctx context.Context, e env, args []string) error {
@@ -26,9 +27,18 @@ func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 	}
 	kr := c.Keyring // parsed and checked by Validate
 	log := newLogger(e.stderr, c.LogLevel)
+	tracing, stopTracing, err := startTracing(ctx, c.Telemetry, "payments-api", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	pcfg, err := pgxpool.ParseConfig(c.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	if c.Telemetry.Enabled() {
+		// A span per statement inside a traced request (none otherwise).
+		pcfg.ConnConfig.Tracer = telemetry.NewQueryTracer(tracing.Provider())
 	}
 	// pgx's default (4, or the number of CPUs if more) queues requests
 	// behind a handful of connections; each request in flight holds one for
@@ -59,7 +69,8 @@ func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("PAYMENTS_API_ADDR: listen %s: %w", c.Addr, err)
 	}
-	api, err := paymentsapi.New(svc, paymentsapi.Config{AllowedHosts: paymentsapi.AllowedHosts(ln.Addr().String(), c.HostList()), Logger: log, Registerer: reg})
+	api, err := paymentsapi.New(svc, paymentsapi.Config{AllowedHosts: paymentsapi.AllowedHosts(ln.Addr().String(), c.HostList()), Logger: log, Registerer: reg,
+		Tracing: tracing.Provider()})
 	if err != nil {
 		ln.Close()
 		return err

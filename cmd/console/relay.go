@@ -22,7 +22,7 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	if _, err := configure(e, "relay", "Outbox relay worker: claims pending events (FOR UPDATE SKIP LOCKED, under a lease),\npublishes them to the broker, marks them published. Run as many as you like, on as many hosts as you like.\nStops cleanly on SIGINT/SIGTERM.", &c, args, nil); err != nil {
 		return err
 	}
-	w, err := openBrokerWorker(ctx, e, c.Common, c.Broker)
+	w, err := openBrokerWorker(ctx, e, "relay", c.Common, c.Broker)
 	if err != nil {
 		return err
 	}
@@ -35,6 +35,7 @@ func runRelay(ctx context.Context, e env, args []string) error {
 		Backoff:            outbox.Backoff{Base: c.BackoffBase, Cap: c.BackoffCap},
 		DisableOrdering:    !c.Ordering,
 		PublishConcurrency: c.PublishConcurrency,
+		Tracing:            w.tracing.Provider(),
 	}, w.log, w.reg)
 	if err != nil {
 		return err

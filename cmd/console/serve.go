@@ -24,6 +24,11 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return fmt.Errorf("CONSOLE_ROLE_MAP: %w", err)
 	}
 	log := newLogger(e.stderr, c.LogLevel)
+	tracing, stopTracing, err := startTracing(ctx, c.Telemetry, "console", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)
 	if err != nil {
 		return err
@@ -42,7 +47,8 @@ func runServe(ctx context.Context, e env, args []string) error {
 		BulkRecentLoginAbove: c.BulkRecentLogin, RecentLogin: c.RecentLogin, RevealRoles: c.RevealRoleList,
 		FourEyesAbove: decimal.RequireFromString(c.FourEyesAbove), // validated
 		ProviderURL:   c.ProviderURL, ProviderTimeout: c.ProviderTimeout,
-	}, web.Deps{Pool: pool, Logger: log, Keyring: c.Keyring})
+		TraceURL: c.TraceURL,
+	}, web.Deps{Pool: pool, Logger: log, Keyring: c.Keyring, Tracing: tracing.Provider()})
 	if err != nil {
 		return err
 	}

@@ -23,16 +23,19 @@ const (
 type Common struct {
 	DatabaseURL string
 	LogLevel    string
+	Telemetry   Telemetry
 }
 
 func (c *Common) register(f *Flags) {
 	registerDatabaseURL(f, &c.DatabaseURL, "PostgreSQL ≥ 15 connection URL")
 	registerLogLevel(f, &c.LogLevel, defaultLogLevel, "debug, info, warn or error")
+	c.Telemetry.register(f)
 }
 
 func (c *Common) check(ck *Check) {
 	ck.DatabaseURL("DATABASE_URL", c.DatabaseURL)
 	checkLogLevel(ck, c.LogLevel)
+	c.Telemetry.check(ck)
 }
 
 // Database configures the subcommands that need nothing but a database

@@ -46,6 +46,7 @@ type Console struct {
 	FourEyesAbove     string      // a decimal amount
 	ProviderURL       string      // empty: no inquiries from the console
 	ProviderTimeout   time.Duration
+	TraceURL          string // CONSOLE_TRACE_URL: a trace UI's URL with {trace_id}; empty: ids unlinked
 }
 
 // Register adds the console's flags; their defaults are the ones web.New,
@@ -53,6 +54,7 @@ type Console struct {
 func (c *Console) Register(f *Flags) {
 	c.Common.register(f)
 	c.PIIKeys.register(f)
+	registerTraceURL(f, &c.TraceURL)
 	f.String(&c.Addr, "addr", "CONSOLE_ADDR", DefaultConsoleAddr, "console listen address")
 	f.String(&c.PublicURL, "public-url", "CONSOLE_PUBLIC_URL", "http://"+DefaultConsoleAddr, "external URL: the OIDC redirect URI and the websocket Origin allowlist derive from it")
 	f.String(&c.MetricsAddr, "metrics-addr", "METRICS_ADDR", "", "separate listener for /metrics (empty: served on CONSOLE_ADDR)")
@@ -98,6 +100,7 @@ func (c *Console) Validate() error {
 	ck.Addr("CONSOLE_ADDR", c.Addr)
 	ck.Addr("METRICS_ADDR", c.MetricsAddr)
 	checkPublicURL(&ck, c.PublicURL)
+	checkTraceURL(&ck, c.TraceURL)
 	ck.Required("OIDC_ISSUER", c.OIDCIssuer)
 	if ck.URL("OIDC_ISSUER", c.OIDCIssuer, "https", "http") {
 		ck.Add(auth.CheckPlainHTTPOnLoopback("OIDC_ISSUER", c.OIDCIssuer))

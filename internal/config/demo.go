@@ -16,6 +16,8 @@ type Demo struct {
 	PaymentRate  int
 	StatusEvery  time.Duration
 	LogLevel     string
+	Telemetry    Telemetry
+	TraceURL     string // CONSOLE_TRACE_URL
 }
 
 // Register adds the demo's flags.
@@ -32,6 +34,8 @@ func (c *Demo) Register(f *Flags) {
 	f.Duration(&c.StatusEvery, "status-every", "DEMO_STATUS_EVERY", 5*time.Second, "how often to print a status line")
 	// The demo's log is quieter than a service's: its status lines say what happens.
 	registerLogLevel(f, &c.LogLevel, "error", "debug, info, warn or error for the JSON log on stderr (status lines go to stdout regardless)")
+	c.Telemetry.register(f)
+	registerTraceURL(f, &c.TraceURL)
 }
 
 // Validate checks the settings and derives CONSOLE_PUBLIC_URL from
@@ -58,5 +62,7 @@ func (c *Demo) Validate() error {
 	}
 	ck.PositiveDuration("DEMO_STATUS_EVERY", c.StatusEvery)
 	checkLogLevel(&ck, c.LogLevel)
+	c.Telemetry.check(&ck)
+	checkTraceURL(&ck, c.TraceURL)
 	return ck.Err()
 }

@@ -65,7 +65,8 @@ func (d *Demo) startConsole(ctx context.Context) (string, error) {
 		FourEyesAbove:   demoFourEyesAbove,
 		ProviderURL:     d.payments.sim.URL(),
 		ProviderTimeout: demoProviderTimeout,
-	}, web.Deps{Pool: d.pool, Logger: d.log, Listener: ln,
+		TraceURL:        d.cfg.TraceURL,
+	}, web.Deps{Pool: d.pool, Logger: d.log, Listener: ln, Tracing: d.tracing.Provider(),
 		// One process, one /metrics: the console serves what the relays,
 		// the consumer and the payments service registered too.
 		Registry: d.reg,

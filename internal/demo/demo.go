@@ -23,6 +23,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/demo/devoidc"
 	"github.com/sluice-dev/sluice/internal/inbox"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/telemetry"
 	"github.com/sluice-dev/sluice/web"
 )
 
@@ -53,7 +54,8 @@ type Demo struct {
 	nats    *natsembedded.Server
 	brokers []broker.Broker
 	reg     *prometheus.Registry
-	appRole string // the role the services connect as ("": the database URL's user)
+	tracing *telemetry.Tracing // a no-op one unless OTEL_* ask for an exporter
+	appRole string             // the role the services connect as ("": the database URL's user)
 
 	notifier *outbox.Notifier
 	orders   *orderWorkload
@@ -82,6 +84,12 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 		}
 	}()
 	step := func(format string, args ...any) { fmt.Fprintf(out, "· "+format+"\n", args...) }
+	if d.tracing, err = telemetry.Start(ctx, cfg.Telemetry.Config, "sluice-demo"); err != nil {
+		return nil, err
+	}
+	if cfg.Telemetry.Enabled() {
+		step("tracing on: spans are exported over OTLP/HTTP")
+	}
 
 	if cfg.DatabaseURL == "" {
 		step("starting a throwaway PostgreSQL cluster")
@@ -147,6 +155,7 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 			Name:        fmt.Sprintf("relay-%d", i+1),
 			MaxAttempts: relayMaxAttempts,
 			Backoff:     outbox.Backoff{Cap: 10 * time.Second},
+			Tracing:     d.tracing.Provider(),
 		}, log, d.reg)
 		if err != nil {
 			return nil, err
@@ -161,7 +170,7 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	d.consumer = &inbox.Consumer{Inbox: in, Name: consumerName}
+	d.consumer = &inbox.Consumer{Inbox: in, Name: consumerName, Tracing: d.tracing.Provider()}
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.cancel = cancel
@@ -315,6 +324,11 @@ func (d *Demo) Close() error {
 	}
 	for _, b := range d.brokers {
 		errs = append(errs, b.Close())
+	}
+	if d.tracing != nil {
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs = append(errs, d.tracing.Close(fctx))
+		cancel()
 	}
 	if d.nats != nil {
 		d.nats.Shutdown()

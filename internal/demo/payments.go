@@ -88,7 +88,8 @@ func (d *Demo) startPayments(ctx context.Context) error {
 		return fmt.Errorf("PAYMENTS_API_ADDR %s: %w", d.cfg.PaymentsAddr, err)
 	}
 	p.url = "http://" + ln.Addr().String()
-	api, err := paymentsapi.New(p.svc, paymentsapi.Config{AllowedHosts: paymentsapi.AllowedHosts(ln.Addr().String(), nil), Logger: d.log, Registerer: d.reg})
+	api, err := paymentsapi.New(p.svc, paymentsapi.Config{AllowedHosts: paymentsapi.AllowedHosts(ln.Addr().String(), nil), Logger: d.log, Registerer: d.reg,
+		Tracing: d.tracing.Provider()})
 	if err != nil {
 		ln.Close()
 		return err

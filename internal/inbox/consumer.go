@@ -6,8 +6,12 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/telemetry"
 )
 
 // Effect applies one message inside the inbox's transaction.
@@ -19,6 +23,10 @@ type Consumer struct {
 	Inbox  *Inbox
 	Name   string // durable subscription and inbox consumer name
 	Effect Effect // nil: RecordEffect
+	// Tracing (nil: none) makes one consumer span per handled message,
+	// child of the trace context its headers carry (the relay's publish
+	// span, or the request that wrote the event).
+	Tracing trace.TracerProvider
 
 	applied, duplicates, stale atomic.Int64
 }
@@ -39,16 +47,32 @@ func (c *Consumer) Run(ctx context.Context, sub broker.Subscriber) error {
 // Handle is the broker.Handler: messages carrying an aggregate sequence go
 // through HandleVersioned (stale ones dropped), others through Handle. An
 // error leaves the message unacknowledged; the subscriber tries it again.
-func (c *Consumer) Handle(ctx context.Context, msg broker.Message) error {
+func (c *Consumer) Handle(ctx context.Context, msg broker.Message) (err error) {
+	var span trace.Span
+	if c.Tracing != nil {
+		ctx, span = telemetry.Tracer(c.Tracing).Start(telemetry.Extract(ctx, msg.Headers), "handle "+msg.Topic,
+			trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(
+				attribute.String("messaging.operation.type", "process"),
+				attribute.String("messaging.destination.name", msg.Topic),
+				attribute.String("messaging.consumer.group.name", c.Name),
+				attribute.String("messaging.message.id", msg.ID),
+				attribute.String("sluice.event_type", msg.EventType),
+			))
+		defer func() {
+			if err != nil {
+				span.RecordError(err)
+				span.SetStatus(codes.Error, "effect failed")
+			}
+			span.End()
+		}()
+	}
 	effect := c.Effect
 	if effect == nil {
 		effect = RecordEffect(c.Name)
 	}
 	fn := func(tx pgx.Tx) error { return effect(ctx, tx, msg) }
-	var (
-		res Result
-		err error
-	)
+	var res Result
 	if msg.AggregateSeq > 0 && msg.AggregateType != "" && msg.AggregateID != "" {
 		res, err = c.Inbox.HandleVersioned(ctx, c.Name, msg.ID,
 			Version{AggregateType: msg.AggregateType, AggregateID: msg.AggregateID, Seq: msg.AggregateSeq}, fn)
@@ -59,6 +83,9 @@ func (c *Consumer) Handle(ctx context.Context, msg broker.Message) error {
 		// The subscriber retries this message in place; say why it waits.
 		c.Inbox.log.Warn("inbox: effect failed; will retry", "consumer", c.Name, "message_id", msg.ID, "err", err)
 		return fmt.Errorf("inbox: consumer %s, message %s: %w", c.Name, msg.ID, err)
+	}
+	if span != nil {
+		span.SetAttributes(attribute.String("sluice.inbox.result", res.String()))
 	}
 	switch res {
 	case Applied:

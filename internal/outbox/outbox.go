@@ -9,10 +9,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-dev/sluice/internal/telemetry"
 )
 
 // Status words of outbox_event.status. A pending event under a live lease
@@ -54,7 +58,9 @@ var ErrInvalidEvent = errors.New("outbox: invalid event")
 // serialized until tx ends, so sequence order is commit order. Insert sends
 // no NOTIFY (that would serialize every commit on PostgreSQL's notification
 // queue lock); to wake relays before their next poll, call a Notifier's Poke
-// after tx commits.
+// after tx commits. When ctx carries a span context (an OpenTelemetry span,
+// or a traceparent a request brought), its traceparent and tracestate are
+// stored in the event's headers, unless ev.Headers sets a traceparent.
 func Insert(ctx context.Context, tx pgx.Tx, ev Event) (Inserted, error) {
 	if err := ev.validate(); err != nil {
 		return Inserted{}, err
@@ -66,10 +72,20 @@ func Insert(ctx context.Context, tx pgx.Tx, ev Event) (Inserted, error) {
 			return Inserted{}, fmt.Errorf("outbox: new id: %w", err)
 		}
 	}
+	// The caller's W3C trace context travels with the event, so the relay
+	// and the consumer continue the trace of the request that wrote it.
+	hdr := ev.Headers
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		if _, set := hdr[telemetry.HeaderTraceparent]; !set {
+			hdr = make(map[string]string, len(ev.Headers)+2)
+			maps.Copy(hdr, ev.Headers)
+			telemetry.Inject(ctx, hdr)
+		}
+	}
 	headers := []byte("{}")
-	if len(ev.Headers) > 0 {
+	if len(hdr) > 0 {
 		var err error
-		if headers, err = json.Marshal(ev.Headers); err != nil {
+		if headers, err = json.Marshal(hdr); err != nil {
 			return Inserted{}, fmt.Errorf("%w: headers: %v", ErrInvalidEvent, err)
 		}
 	}

@@ -16,9 +16,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/telemetry"
 )
 
 // Publisher is what the relay needs from a broker.
@@ -42,6 +47,10 @@ type RelayConfig struct {
 	// (statement_timestamp()), so relays on hosts with skewed clocks agree on
 	// leases; tests inject a clock so leases and backoff expire without sleeping.
 	Now func() time.Time
+	// Tracing (nil: none) makes one producer span per publish, child of
+	// the trace context the event's headers carry (telemetry.Inject at
+	// Insert), and hands the broker that span's context instead.
+	Tracing trace.TracerProvider
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -84,6 +93,19 @@ type Relay struct {
 	claimSQL string
 	stats    relayCounters
 	outage   atomic.Int64 // publishes failed in a row because the broker was unavailable
+	tracer   trace.Tracer // nil: tracing off, no span work at all
+}
+
+// relayTracer is the relay's tracer, nil when tracing is off (no provider,
+// or a no-op one), so publishing does no span work at all then.
+func relayTracer(tp trace.TracerProvider) trace.Tracer {
+	if tp == nil {
+		return nil
+	}
+	if _, off := tp.(noop.TracerProvider); off {
+		return nil
+	}
+	return telemetry.Tracer(tp)
 }
 
 type relayCounters struct {
@@ -118,6 +140,7 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig, log *slog.Logg
 		pool: pool, pub: pub, cfg: cfg, m: m,
 		log:      log.With("relay", cfg.Name),
 		claimSQL: claimSQL(!cfg.DisableOrdering),
+		tracer:   relayTracer(cfg.Tracing),
 	}, nil
 }
 
@@ -445,7 +468,9 @@ func (r *Relay) publishGroup(ctx context.Context, g []claimed, out *outcome, sto
 		}
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 		start := time.Now()
-		err := r.pub.Publish(pctx, ev.message())
+		msg, span := r.startPublishSpan(pctx, ev)
+		err := r.pub.Publish(pctx, msg)
+		endPublishSpan(span, err)
 		cancel()
 		r.m.duration.Observe(time.Since(start).Seconds())
 		switch {
@@ -482,13 +507,25 @@ func (r *Relay) publishWaves(ctx context.Context, bp broker.BatchPublisher, grou
 			return
 		}
 		msgs = msgs[:0]
-		for _, g := range groups {
-			msgs = append(msgs, g[k].message())
-		}
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+		var spans []trace.Span
+		for _, g := range groups {
+			msg, span := r.startPublishSpan(pctx, g[k])
+			msgs = append(msgs, msg)
+			if span != nil {
+				spans = append(spans, span)
+			}
+		}
 		start := time.Now()
 		errs := bp.PublishBatch(pctx, msgs)
 		cancel()
+		for i, span := range spans {
+			var err error
+			if i < len(errs) {
+				err = errs[i]
+			}
+			endPublishSpan(span, err)
+		}
 		took := time.Since(start).Seconds()
 		still := groups[:0]
 		for i, g := range groups {
@@ -514,6 +551,46 @@ func (r *Relay) publishWaves(ctx context.Context, bp broker.BatchPublisher, grou
 		}
 		groups = still
 	}
+}
+
+// startPublishSpan is ev's message, and with tracing on a producer span
+// (child of the trace context ev's headers carry) whose own context replaces
+// that in the message's headers, so the consumer's span is the publish's
+// child. Without tracing the message carries the stored headers as they are.
+func (r *Relay) startPublishSpan(ctx context.Context, ev claimed) (broker.Message, trace.Span) {
+	msg := ev.message()
+	if r.tracer == nil {
+		return msg, nil
+	}
+	sctx, span := r.tracer.Start(telemetry.Extract(ctx, ev.Headers), "publish "+ev.Topic,
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.destination.name", ev.Topic),
+			attribute.String("messaging.message.id", msg.ID),
+			attribute.String("sluice.event_type", ev.EventType),
+			attribute.Int("sluice.attempt", ev.Attempts),
+		))
+	hdr := make(map[string]string, len(ev.Headers)+2)
+	for k, v := range ev.Headers {
+		if k != telemetry.HeaderTraceparent && k != telemetry.HeaderTracestate {
+			hdr[k] = v
+		}
+	}
+	telemetry.Inject(sctx, hdr)
+	msg.Headers = hdr
+	return msg, span
+}
+
+func endPublishSpan(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "publish failed")
+	}
+	span.End()
 }
 
 func (o *outcome) add(f func()) {

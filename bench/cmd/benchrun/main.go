@@ -1,13 +1,13 @@
 // Command benchrun runs Sluice's benchmark workloads against same-run
 // baselines and prints one table of ratios; bench/run is its front door
-// (see bench/README.md). Only R1 (burn-down) exists so far.
+// (see bench/README.md): R1 (burn-down) here, the other workloads in their
+// own files (r2.go … w1.go, see workloads.go).
 package main
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -48,7 +48,8 @@ type options struct {
 	poolSize    int
 	explain     bool
 
-	payPool int // P1's service pool
+	payPool   int // P1's service pool
+	workloads string
 }
 
 func main() {
@@ -69,6 +70,7 @@ func main() {
 	flag.IntVar(&o.poolSize, "pool", 10, "connections per system's pool (the same for all)")
 	flag.IntVar(&o.payPool, "payments-pool", 32, "P1: the payments service's database pool (PAYMENTS_DB_POOL_SIZE)")
 	flag.BoolVar(&o.explain, "explain", false, "print EXPLAIN (ANALYZE, BUFFERS) of the claim and mark half-way through a drain of -rows, then exit")
+	flag.StringVar(&o.workloads, "workloads", "", "comma list of workloads (default all): "+strings.Join(workloadNames(), ","))
 	flag.Parse()
 	def := func(v *int, full, quick int) {
 		if *v == 0 {
@@ -137,6 +139,7 @@ type report struct {
 	Ratios   []ratio        `json:"ratios"`
 
 	Payments *paymentsReport `json:"payments,omitempty"` // P1
+	extraReport
 }
 
 func run(ctx context.Context, o options) error {
@@ -203,6 +206,12 @@ func run(ctx context.Context, o options) error {
 		fmt.Printf("pgbench -N: %.0f TPS (%d clients, %ds)\n", tps, clients, o.pgbenchSecs)
 	}
 
+	if err := runWorkloads(ctx, o, rep, newDB); err != nil {
+		return err
+	}
+	if !wantWorkload(o, "r1") {
+		return finish(rep, o)
+	}
 	want := func(list, x string) bool { return list == "" || slices.Contains(strings.Split(list, ","), x) }
 	type system struct {
 		kind, config string
@@ -399,13 +408,8 @@ func run(ctx context.Context, o options) error {
 		"bare (null sink) publishes nothing; bare (nats) sends the batch as async JetStream publishes and waits once for all acks",
 		"watermill: nats sink only, fewer rows (it is one message at a time)",
 		"process_cpu_seconds covers the whole bench process, the embedded NATS server included")
-	rep.Finished = time.Now().UTC()
 	printTable(rep)
-	if err := os.MkdirAll(dirOf(o.out), 0o755); err != nil {
-		return err
-	}
-	b, _ := json.MarshalIndent(rep, "", "  ")
-	return os.WriteFile(o.out, append(b, '\n'), 0o644)
+	return finish(rep, o)
 }
 
 func median(sorted []float64) float64 {

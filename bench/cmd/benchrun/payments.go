@@ -375,7 +375,7 @@ func (e *paymentsEnv) closedLoop(ctx context.Context, d time.Duration) (payments
 	}
 	res.CPUMsPerPay = float64((cpu1 - cpu0).Microseconds()) / 1000 / n
 	all := slices.Concat(lat...)
-	res.ClosedP50Ms, res.ClosedP99Ms = pct(all, 0.50), pct(all, 0.99)
+	res.ClosedP50Ms, res.ClosedP99Ms = pctMs(all, 0.50), pctMs(all, 0.99)
 	if res.Errors > 0 {
 		return res, fmt.Errorf("P1: %d requests did not answer 201", res.Errors)
 	}
@@ -412,21 +412,20 @@ func (e *paymentsEnv) openLoop(ctx context.Context, d time.Duration, res *paymen
 		}()
 	}
 	wg.Wait()
-	res.OpenP50Ms, res.OpenP99Ms, res.OpenErrors = pct(lat, 0.50), pct(lat, 0.99), errs.Load()
+	res.OpenP50Ms, res.OpenP99Ms, res.OpenErrors = pctMs(lat, 0.50), pctMs(lat, 0.99), errs.Load()
 	if res.OpenErrors > 0 {
 		return fmt.Errorf("P1 open loop: %d requests did not answer 201", res.OpenErrors)
 	}
 	return nil
 }
 
-func pct(v []time.Duration, q float64) float64 {
-	if len(v) == 0 {
-		return 0
+// pctMs is pct (workloads.go) of latencies, in milliseconds; q is a fraction.
+func pctMs(v []time.Duration, q float64) float64 {
+	f := make([]float64, len(v))
+	for i, d := range v {
+		f[i] = ms(d)
 	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	i := int(q * float64(len(s)-1))
-	return float64(s[i].Microseconds()) / 1000
+	return pct(f, q*100)
 }
 
 // commits reads the database's commit counter after letting the backends

@@ -22,9 +22,14 @@ import (
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/telemetry"
 )
 
 // Payments is what the API needs from the payments service
@@ -47,6 +52,10 @@ type Config struct {
 	MaxBodyBytes int64    // request body limit (16 KiB)
 	Logger       *slog.Logger
 	Registerer   prometheus.Registerer // receives the request metrics (nil: none)
+	// Tracing (nil: none) makes a server span per request, child of the
+	// request's traceparent. Without it a request's traceparent still
+	// reaches the outbox events the request writes.
+	Tracing trace.TracerProvider
 }
 
 type api struct {
@@ -54,6 +63,7 @@ type api struct {
 	log          *slog.Logger
 	maxBodyBytes int64
 	requests     *prometheus.HistogramVec
+	tracer       trace.Tracer // nil: no spans
 }
 
 // New is the HTTP API: POST /v1/payments, GET /v1/payments/:operation_id,
@@ -84,10 +94,13 @@ func New(svc Payments, cfg Config) (http.Handler, error) {
 		return nil, fmt.Errorf("paymentsapi: metrics: %w", err)
 	}
 	a := &api{svc: svc, log: cfg.Logger, maxBodyBytes: cfg.MaxBodyBytes, requests: requests}
+	if cfg.Tracing != nil {
+		a.tracer = telemetry.Tracer(cfg.Tracing)
+	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = a.errorHandler
-	e.Use(a.measure)
+	e.Use(a.traced, a.measure)
 	v1 := e.Group("/v1", checkHost(cfg.AllowedHosts), a.authenticate)
 	v1.POST("/payments", a.handleCreate)
 	v1.GET("/payments/:operation_id", a.handleGet)
@@ -114,6 +127,36 @@ func (a *api) measure(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		a.requests.WithLabelValues(route, strconv.Itoa(c.Response().Status)).Observe(time.Since(start).Seconds())
 		return nil
+	}
+}
+
+// traced continues the caller's W3C trace context (traceparent): the
+// request's context carries it, so the outbox events the request writes
+// store it (outbox.Insert), and with tracing on a server span wraps the
+// request, named by its route template.
+func (a *api) traced(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		req := c.Request()
+		ctx := telemetry.ExtractHTTP(req.Context(), propagation.HeaderCarrier(req.Header))
+		if a.tracer == nil {
+			c.SetRequest(req.WithContext(ctx))
+			return next(c)
+		}
+		ctx, span := a.tracer.Start(ctx, req.Method, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("http.request.method", req.Method)))
+		defer span.End()
+		c.SetRequest(req.WithContext(ctx))
+		err := next(c)
+		route := c.Path()
+		if !routeLabels[route] {
+			route = "other"
+		}
+		span.SetName(req.Method + " " + route)
+		span.SetAttributes(attribute.String("http.route", route), attribute.Int("http.response.status_code", c.Response().Status))
+		if c.Response().Status >= 500 {
+			span.SetStatus(codes.Error, http.StatusText(c.Response().Status))
+		}
+		return err
 	}
 }
 
