@@ -1,6 +1,7 @@
 package web
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +17,9 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/audit"
 	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/inbox"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/views"
 )
@@ -46,7 +49,7 @@ func parseBulkForm(get func(string) string) bulkForm {
 		dst  *string
 	}{{"status", &v.Status}, {"topic", &v.Topic}, {"event_type", &v.EventType}, {"aggregate_type", &v.AggregateType},
 		{"aggregate_id", &v.AggregateID}, {"id_prefix", &v.IDPrefix}, {"error_text", &v.ErrorText},
-		{"created_from", &v.CreatedFrom}, {"created_to", &v.CreatedTo}, {"action", &v.Action}} {
+		{"created_from", &v.CreatedFrom}, {"created_to", &v.CreatedTo}, {"action", &v.Action}, {"consumer", &v.Consumer}} {
 		s := strings.TrimSpace(get(fld.name))
 		if len(s) > maxFilterField || !utf8.ValidString(s) {
 			f.Errors[fld.name] = fmt.Sprintf("at most %d characters of text", maxFilterField)
@@ -76,12 +79,19 @@ func parseBulkForm(get func(string) string) bulkForm {
 		*c.dst = t
 	}
 	switch v.Action {
-	case outbox.JobRetry, outbox.JobDeadLetter, outbox.JobDiscard:
+	case outbox.JobRetry, outbox.JobDeadLetter, outbox.JobDiscard, outbox.JobReplay:
 		if v.Action != outbox.JobRetry && v.Reason == "" {
 			f.Errors["reason"] = "a reason is required to " + strings.ToLower(views.ActionWords(v.Action))
 		}
 	default:
-		f.Errors["action"] = "choose retry, dead-letter or discard"
+		f.Errors["action"] = "choose retry, dead-letter, discard or replay"
+	}
+	switch {
+	case v.Consumer == "":
+	case v.Action != outbox.JobReplay:
+		f.Errors["consumer"] = "only a replay goes to one consumer"
+	case broker.ValidateConsumer(v.Consumer) != nil:
+		f.Errors["consumer"] = "a consumer name is 1–64 of A-Z, a-z, 0-9, _ and -"
 	}
 	f.DryRun = get("dry_run") == "1"
 	if e := get("expect"); e != "" {
@@ -163,6 +173,11 @@ func (a *App) bulkPreview(c echo.Context, f bulkForm, status int, notice string)
 	}
 	d := views.BulkPreviewData{Values: f.Values, Filter: f.Filter, Count: p.Count, Sample: p.Sample, Links: a.links,
 		Threshold: a.cfg.BulkRecentLoginAbove, Notice: notice}
+	if f.Values.Action == outbox.JobReplay {
+		if err := a.replayRetention(c.Request().Context(), f.Filter, &d); err != nil {
+			return err
+		}
+	}
 	if a.needsRecentLogin(auth.SessionFrom(c), p.Count) {
 		d.ReauthURL = a.reauthURL(f)
 	}
@@ -198,7 +213,7 @@ func (a *App) bulkConfirm(c echo.Context, f bulkForm) error {
 	var job outbox.Job
 	err := db.WithTx(ctx, a.pool, func(tx pgx.Tx) error {
 		j, err := outbox.CreateJob(ctx, tx, outbox.JobRequest{
-			Kind: f.Values.Action, Filter: f.Filter, Reason: f.Values.Reason, RequestedBy: requestedBy,
+			Kind: f.Values.Action, Filter: f.Filter, Reason: f.Values.Reason, RequestedBy: requestedBy, ReplayTo: f.Values.Consumer,
 		})
 		if err != nil {
 			return err
@@ -218,8 +233,11 @@ func (a *App) bulkConfirm(c echo.Context, f bulkForm) error {
 		}
 		ev := a.actorEvent(c, sess, actionBulkCreate, jobTarget, j.ID.String())
 		ev.Reason = j.Reason
-		ev.After, err = json.Marshal(map[string]any{"kind": j.Kind, "filter": json.RawMessage(filter),
-			"matched": j.Matched, "chunk_size": j.ChunkSize})
+		after := map[string]any{"kind": j.Kind, "filter": json.RawMessage(filter), "matched": j.Matched, "chunk_size": j.ChunkSize}
+		if j.ReplayTo != "" {
+			after["replay_to"] = j.ReplayTo
+		}
+		ev.After, err = json.Marshal(after)
 		if err != nil {
 			return err
 		}
@@ -259,4 +277,38 @@ func (a *App) bulkConfirm(c echo.Context, f bulkForm) error {
 	a.metrics.actions.WithLabelValues(actionBulkCreate, audit.OutcomeOK).Inc()
 	a.feed.Poke()
 	return c.Redirect(http.StatusSeeOther, "/jobs/"+job.ID.String())
+}
+
+// replay is POST /outbox/replay: the bulk flow (dry run, then a durable
+// job confirmed with the dry run's count) for the replay action only.
+func (a *App) replay(c echo.Context) error {
+	f := parseBulkForm(func(name string) string {
+		if name == "action" {
+			return outbox.JobReplay
+		}
+		return c.FormValue(name)
+	})
+	if len(f.Errors) > 0 {
+		return a.bulkInvalid(c, f, "")
+	}
+	if f.DryRun {
+		return a.bulkPreview(c, f, http.StatusOK, "")
+	}
+	return a.bulkConfirm(c, f)
+}
+
+// replayRetention fills in how many of a replay's events were last
+// published before the inbox's retention: the retention of the inbox's last
+// pruning pass when there was one, else the default.
+func (a *App) replayRetention(ctx context.Context, f outbox.Filter, d *views.BulkPreviewData) error {
+	d.Retention = inbox.DefaultRetention
+	run, ok, err := inbox.LastPrune(ctx, a.pool)
+	if err != nil {
+		return err
+	}
+	if ok && run.Retention > 0 {
+		d.Retention, d.RetentionMeasured = run.Retention, true
+	}
+	d.OlderThanRetention, err = outbox.CountPublishedBefore(ctx, a.pool, f, a.now().Add(-d.Retention))
+	return err
 }

@@ -101,13 +101,23 @@ func problemText(err error) string {
 // outboxList is GET /outbox: a keyset page of the events matching the
 // filter in the URL.
 func (a *App) outboxList(c echo.Context) error {
+	return a.renderOutboxList(c, c.QueryParams(), http.StatusOK, nil)
+}
+
+// renderOutboxList renders the list of q's filter with status; topics, if
+// not nil, adjusts the paused-topics panel (a refused pause or resume).
+func (a *App) renderOutboxList(c echo.Context, q url.Values, status int, topics func(*views.TopicControlsData)) error {
 	ctx := c.Request().Context()
-	f, err := parseListForm(c.QueryParams())
+	f, err := parseListForm(q)
 	d := views.OutboxListData{Form: f.raw, Now: time.Now(), CanAct: canAct(c)}
 	if err == nil {
 		var mark live.Snapshot
 		if mark, err = live.ReadOutbox(ctx, a.pool); err != nil {
 			return err
+		}
+		d.Topics = views.TopicControlsData{Paused: mark.Paused, Topic: f.filter.Topic, CanAct: d.CanAct, Now: mark.At}
+		if topics != nil {
+			topics(&d.Topics)
 		}
 		d.Live = watchURL(mark, f.filter.Status != outbox.StatusDead && f.filter.Status != outbox.StatusDiscarded)
 		var page outbox.ListPage
@@ -131,7 +141,7 @@ func (a *App) outboxList(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return render(c, http.StatusOK, views.OutboxList(a.page(c, "Outbox", "/outbox"), d))
+	return render(c, status, views.OutboxList(a.page(c, "Outbox", "/outbox"), d))
 }
 
 // listURL is the list page of raw's filter, continuing after the cursor.

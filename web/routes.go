@@ -42,6 +42,9 @@ func (a *App) routes() []route {
 		{http.MethodPost, "/outbox/:id/retry-now", api(auth.PermOutboxAct), a.handleOutboxAction(actionRetryNow)},
 		{http.MethodPost, "/outbox/:id/dead-letter", api(auth.PermOutboxAct), a.handleOutboxAction(actionDeadLetter)},
 		{http.MethodPost, "/outbox/:id/discard", api(auth.PermOutboxAct), a.handleOutboxAction(actionDiscard)},
+		// Pause and resume a topic (topics.go).
+		{http.MethodPost, "/outbox/topics/:topic/pause", api(auth.PermOutboxAct), a.handleTopic(true)},
+		{http.MethodPost, "/outbox/topics/:topic/resume", api(auth.PermOutboxAct), a.handleTopic(false)},
 		{http.MethodGet, "/inbox", page(auth.PermView), a.inboxPage},
 		// Open to every signed-in user: the handler checks CONSOLE_REVEAL_ROLES
 		// (and audits a refusal), so the roles that may reveal are configurable.
@@ -49,6 +52,7 @@ func (a *App) routes() []route {
 		// Bulk actions as durable jobs (bulk.go, jobs.go).
 		{http.MethodGet, "/outbox/bulk", page(auth.PermOutboxAct), a.bulkForm},
 		{http.MethodPost, "/outbox/bulk", api(auth.PermOutboxAct), a.bulk},
+		{http.MethodPost, "/outbox/replay", api(auth.PermOutboxAct), a.replay},
 		{http.MethodGet, "/jobs", page(auth.PermOutboxAct), a.jobsPage},
 		{http.MethodGet, "/jobs/:id", page(auth.PermOutboxAct), a.jobPage},
 		{http.MethodPost, "/jobs/:id/cancel", api(auth.PermOutboxAct), a.cancelJob},

@@ -39,7 +39,23 @@ type Message struct {
 	// shard (the JetStream stream sequence), increasing; 0 when the broker
 	// has none. Consumers store it with their effects to resume exactly.
 	Position uint64
+	// Replay is how many times an operator asked for this event again (0:
+	// its first publish). A replay keeps ID (an inbox that remembers the
+	// event absorbs it) but is a new broker message: an adapter whose broker
+	// drops repeated ids within a window (JetStream's Nats-Msg-Id) gives
+	// each replay its own broker-side id and carries ID beside it.
+	Replay int
+	// ReplayTo names the one consumer a replay is for ("" : every consumer
+	// of the topic); see each adapter for how it is routed.
+	ReplayTo string
 }
+
+// HeaderEventID carries the event id when the broker-side message id is
+// not the event id (a replay on JetStream): the consumer's dedupe key.
+const HeaderEventID = "Sluice-Event-Id"
+
+// HeaderReplayTo carries Message.ReplayTo.
+const HeaderReplayTo = "Sluice-Replay-To"
 
 // ShardOf is the shard, in [0, shards), of an aggregate: FNV-1a of its type
 // and id, so every event of one aggregate lands on one shard, on every

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -95,6 +96,12 @@ func (in *Inbox) HandleBatch(ctx context.Context, consumer string, pos *ShardPos
 	var newPos uint64
 	if pos != nil && len(msgs) > 0 {
 		newPos = msgs[len(msgs)-1].Position
+	}
+	// A replay an operator sent to another consumer is not ours to apply
+	// (on NATS every consumer's shard reader receives it); the position
+	// still moves past it with the batch.
+	if slices.ContainsFunc(msgs, func(m broker.Message) bool { return m.ReplayTo != "" && m.ReplayTo != consumer }) {
+		msgs = slices.DeleteFunc(slices.Clone(msgs), func(m broker.Message) bool { return m.ReplayTo != "" && m.ReplayTo != consumer })
 	}
 	counts, err := db.WithTxV(ctx, in.pool, func(tx pgx.Tx) (BatchCounts, error) {
 		return in.handleBatchTx(ctx, tx, consumer, pos, newPos, msgs, effect)

@@ -65,6 +65,14 @@ func TestHandleBatchDedupesAndDropsStaleInOneTransaction(t *testing.T) {
 	if !errors.Is(err, inbox.ErrShardTaken) || stalePos.At != 0 {
 		t.Fatalf("behind reader: %v, position %d; want ErrShardTaken", err, stalePos.At)
 	}
+	// A replay for another consumer moves the position but is not applied;
+	// one for this consumer is (here a duplicate: the inbox remembers a1).
+	forOther, forUs := msg("x1", "x", 1, 19), msg("a1", "a", 1, 20)
+	forOther.ReplayTo, forUs.ReplayTo = "someone-else", "c"
+	n, err = in.HandleBatch(ctx, "c", &pos, []broker.Message{forOther, forUs}, inbox.RecordBatchEffect("c"))
+	if err != nil || n != (inbox.BatchCounts{Duplicates: 1}) || pos.At != 20 {
+		t.Fatalf("replay batch %+v, position %d (%v)", n, pos.At, err)
+	}
 	var got []string
 	rows, err := pool.Query(ctx, `SELECT event_id FROM consume_effect ORDER BY effect_id`)
 	if err != nil {
@@ -81,11 +89,11 @@ func TestHandleBatchDedupesAndDropsStaleInOneTransaction(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox_message WHERE message_id = 'z1'`).Scan(&inboxRows); err != nil || inboxRows != 0 {
 		t.Fatalf("the refused batch left %d inbox rows (%v)", inboxRows, err)
 	}
-	if p, err := in.ReadShardPosition(ctx, "c", 4, 1); err != nil || p.At != 18 {
-		t.Fatalf("stored position %+v (%v), want 18", p, err)
+	if p, err := in.ReadShardPosition(ctx, "c", 4, 1); err != nil || p.At != 20 {
+		t.Fatalf("stored position %+v (%v), want 20", p, err)
 	}
 	stats, err := in.Stats(ctx)
-	if err != nil || len(stats) != 1 || stats[0].Processed != 5 || stats[0].Duplicates != 2 || stats[0].Stale != 2 {
+	if err != nil || len(stats) != 1 || stats[0].Processed != 5 || stats[0].Duplicates != 3 || stats[0].Stale != 2 {
 		t.Fatalf("stats %+v (%v)", stats, err)
 	}
 }

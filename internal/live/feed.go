@@ -207,7 +207,7 @@ func (f *Feed) Step(ctx context.Context) error {
 	// of full snapshots would hold every topic's backlog and both recent
 	// lists thousands of times, memory that grows with the number of topics.
 	point := s
-	point.Backlog, point.RecentDead, point.RecentUnknown, point.Jobs = nil, nil, nil, nil
+	point.Backlog, point.RecentDead, point.RecentUnknown, point.Jobs, point.Paused = nil, nil, nil, nil, nil
 	point.Chain.Latest, point.Chain.LastVerified = nil, nil
 	f.ring = append(f.ring, point)
 	cut := 0

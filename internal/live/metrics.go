@@ -11,7 +11,7 @@ import (
 type collector struct {
 	f                                                                              *Feed
 	backlog, oldest, dead, held, unknown, reconcile, stuck, discrepancies, clients *prometheus.Desc
-	jobs                                                                           *prometheus.Desc
+	jobs, paused                                                                   *prometheus.Desc
 }
 
 // Register adds the feed's gauges to reg.
@@ -31,11 +31,13 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 			"Open payment discrepancies: provider evidence contradicts our record.", nil, nil),
 		jobs: prometheus.NewDesc("sluice_console_bulk_jobs",
 			"Unfinished bulk jobs by state (pending: waiting for a runner; running: claimed).", []string{"state"}, nil),
+		paused: prometheus.NewDesc("sluice_outbox_topic_paused",
+			"1 for each topic an operator paused (relays do not publish it until it is resumed).", []string{"topic"}, nil),
 	})
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs} {
+	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs, c.paused} {
 		ch <- d
 	}
 }
@@ -48,6 +50,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, b := range s.Backlog {
 		ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(b.Pending), b.Topic)
+	}
+	for _, p := range s.Paused {
+		ch <- prometheus.MustNewConstMetric(c.paused, prometheus.GaugeValue, 1, p.Topic)
 	}
 	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, s.OldestPendingAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(s.Dead))

@@ -34,9 +34,10 @@ type Snapshot struct {
 	InFlight         int64
 	OldestPendingAge time.Duration
 	Dead             int64
-	Held             outbox.Held // pending events held behind a dead letter of their aggregate
-	Published        int64       // published since the previous snapshot
-	PublishedPerSec  float64     // Published over the time since the previous snapshot
+	Paused           []outbox.TopicPause // paused topics: who paused them, when and why
+	Held             outbox.Held         // pending events held behind a dead letter of their aggregate
+	Published        int64               // published since the previous snapshot
+	PublishedPerSec  float64             // Published over the time since the previous snapshot
 	Unknown          int64
 	ReconcileAge     time.Duration // age of the oldest unknown payment
 	StuckProcessing  int64         // idempotency records in processing whose lease expired
@@ -117,7 +118,7 @@ func ReadSnapshot(ctx context.Context, q Querier, prev time.Time) (Snapshot, err
 	b, h := r.backlog.Backlog, r.payments.Health
 	s := Snapshot{
 		At: at, Backlog: b.Topics, Pending: b.Pending, InFlight: b.InFlight, OldestPendingAge: b.OldestPendingAge,
-		Dead: b.Dead, Held: r.held.Held, Published: r.published.Count, Unknown: h.Unknown, ReconcileAge: h.ReconcileAge,
+		Dead: b.Dead, Paused: b.Paused, Held: r.held.Held, Published: r.published.Count, Unknown: h.Unknown, ReconcileAge: h.ReconcileAge,
 		StuckProcessing: h.StuckProcessing, Discrepancies: h.Discrepancies,
 		RecentDead: r.dead.Events, RecentUnknown: h.RecentUnknown, Consumers: r.inbox.Consumers,
 		Jobs: r.jobs.Jobs, Chain: r.chain.Status, Approvals: r.approvals.State,
@@ -144,5 +145,5 @@ func ReadOutbox(ctx context.Context, q Querier) (Snapshot, error) {
 	}
 	b := backlog.Backlog
 	return Snapshot{At: at, Backlog: b.Topics, Pending: b.Pending, InFlight: b.InFlight, OldestPendingAge: b.OldestPendingAge,
-		Dead: b.Dead, Held: held.Held, RecentDead: dead.Events}, nil
+		Dead: b.Dead, Paused: b.Paused, Held: held.Held, RecentDead: dead.Events}, nil
 }

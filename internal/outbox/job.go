@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/db"
 )
 
@@ -21,6 +22,7 @@ const (
 	JobRetry      = "retry"       // dead → pending (as Retry)
 	JobDeadLetter = "dead_letter" // pending, not in flight → dead (as DeadLetter)
 	JobDiscard    = "discard"     // dead → discarded (as Discard)
+	JobReplay     = "replay"      // published → pending again, published once more with its id (see actReplay)
 )
 
 // States of a job.
@@ -64,6 +66,7 @@ type Job struct {
 	FinishedAt      *time.Time
 	UpdatedAt       time.Time
 	LastError       string
+	ReplayTo        string // replay jobs: the one consumer the replay is for ("" : every consumer)
 }
 
 // Finished reports whether the job has ended (done, cancelled or failed).
@@ -72,7 +75,8 @@ func (j Job) Finished() bool {
 }
 
 const jobColumns = `id, kind, filter, reason, requested_by, state, chunk_size, matched, done, skipped, failures,
-	       cancel_requested_at IS NOT NULL, created_at, started_at, finished_at, updated_at, coalesce(last_error, '')`
+	       cancel_requested_at IS NOT NULL, created_at, started_at, finished_at, updated_at, coalesce(last_error, ''),
+	       coalesce(replay_to, '')`
 
 func scanJob(row pgx.Row) (Job, error) {
 	var (
@@ -80,7 +84,7 @@ func scanJob(row pgx.Row) (Job, error) {
 		filter []byte
 	)
 	err := row.Scan(&j.ID, &j.Kind, &filter, &j.Reason, &j.RequestedBy, &j.State, &j.ChunkSize, &j.Matched, &j.Done,
-		&j.Skipped, &j.Failures, &j.CancelRequested, &j.CreatedAt, &j.StartedAt, &j.FinishedAt, &j.UpdatedAt, &j.LastError)
+		&j.Skipped, &j.Failures, &j.CancelRequested, &j.CreatedAt, &j.StartedAt, &j.FinishedAt, &j.UpdatedAt, &j.LastError, &j.ReplayTo)
 	if err != nil {
 		return Job{}, err
 	}
@@ -99,8 +103,10 @@ func kindAction(kind string) (action, error) {
 		return actDeadLetter, nil
 	case JobDiscard:
 		return actDiscard, nil
+	case JobReplay:
+		return actReplay, nil
 	}
-	return action{}, fmt.Errorf("%w: job kind %q is not one of retry, dead_letter, discard", ErrInvalidAction, kind)
+	return action{}, fmt.Errorf("%w: job kind %q is not one of retry, dead_letter, discard, replay", ErrInvalidAction, kind)
 }
 
 // jobWhere is the filter of a job of kind a: f's conditions and the status
@@ -159,6 +165,9 @@ type JobRequest struct {
 	Reason      string // required for dead_letter and discard
 	RequestedBy string // the actor, as the console names it in the audit trail
 	ChunkSize   int    // rows per transaction: default DefaultJobChunk, at most MaxJobChunk
+	// ReplayTo (replay only) names the one consumer the replay is for; ""
+	// replays to every consumer of the events' topics.
+	ReplayTo string
 }
 
 // CreateJob records a job in tx (write its audit row in the same tx). The
@@ -175,6 +184,14 @@ func CreateJob(ctx context.Context, tx pgx.Tx, req JobRequest) (Job, error) {
 	}
 	if req.RequestedBy == "" {
 		return Job{}, fmt.Errorf("%w: a job needs its requester", ErrInvalidAction)
+	}
+	if req.ReplayTo != "" {
+		if req.Kind != JobReplay {
+			return Job{}, fmt.Errorf("%w: only a replay names a consumer", ErrInvalidAction)
+		}
+		if err := broker.ValidateConsumer(req.ReplayTo); err != nil {
+			return Job{}, fmt.Errorf("%w: %v", ErrInvalidAction, err)
+		}
 	}
 	if req.ChunkSize == 0 {
 		req.ChunkSize = DefaultJobChunk
@@ -197,12 +214,13 @@ func CreateJob(ctx context.Context, tx pgx.Tx, req JobRequest) (Job, error) {
 	}
 	args["id"], args["kind"], args["filter"], args["reason"] = id, req.Kind, filter, req.Reason
 	args["requested_by"], args["chunk"] = req.RequestedBy, req.ChunkSize
+	args["replay_to"] = replayTo(Job{ReplayTo: req.ReplayTo})
 	j, err := scanJob(tx.QueryRow(ctx, `
 		WITH m AS (SELECT count(*) AS n, (SELECT e.id FROM outbox_event e WHERE `+where+` ORDER BY e.id DESC LIMIT 1) AS upto
 		             FROM outbox_event e WHERE `+where+`)
-		INSERT INTO outbox_job (id, kind, filter, reason, requested_by, chunk_size, matched, upto_id, state, finished_at)
+		INSERT INTO outbox_job (id, kind, filter, reason, requested_by, chunk_size, matched, upto_id, state, finished_at, replay_to)
 		SELECT @id, @kind, @filter, @reason, @requested_by, @chunk, m.n, m.upto,
-		       CASE WHEN m.n = 0 THEN 'done' ELSE 'pending' END, CASE WHEN m.n = 0 THEN now() END
+		       CASE WHEN m.n = 0 THEN 'done' ELSE 'pending' END, CASE WHEN m.n = 0 THEN now() END, @replay_to
 		  FROM m
 		RETURNING `+jobColumns, args))
 	if err != nil {
@@ -487,7 +505,7 @@ func (r *JobRunner) chunk(ctx context.Context, id, token uuid.UUID) (Job, error)
 		var filter []byte
 		err := row.Scan(&job.ID, &job.Kind, &filter, &job.Reason, &job.RequestedBy, &job.State, &job.ChunkSize, &job.Matched,
 			&job.Done, &job.Skipped, &job.Failures, &job.CancelRequested, &job.CreatedAt, &job.StartedAt, &job.FinishedAt,
-			&job.UpdatedAt, &job.LastError, &cursor, &upto)
+			&job.UpdatedAt, &job.LastError, &job.ReplayTo, &cursor, &upto)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return Job{}, errLeaseLost
 		}
@@ -532,7 +550,7 @@ func (r *JobRunner) chunk(ctx context.Context, id, token uuid.UUID) (Job, error)
 			return r.finish(ctx, tx, id, JobDone, cursor, 0, 0)
 		}
 		rows, err = tx.Query(ctx, `UPDATE outbox_event SET `+a.set+` WHERE id = ANY(@ids) AND `+a.where()+` RETURNING id`,
-			pgx.NamedArgs{"ids": walked, "from": a.from, "reason": job.Reason})
+			pgx.NamedArgs{"ids": walked, "from": a.from, "reason": job.Reason, "replay_to": replayTo(job)})
 		if err != nil {
 			return Job{}, fmt.Errorf("outbox: job %s: %s: %w", id, a.name, err)
 		}
@@ -585,4 +603,29 @@ func finishJob(ctx context.Context, tx pgx.Tx, id uuid.UUID, state string, curso
 		return Job{}, fmt.Errorf("outbox: finish job %s: %w", id, err)
 	}
 	return j, nil
+}
+
+// replayTo is a replay job's consumer as the replay_to column stores it.
+func replayTo(j Job) *string {
+	if j.ReplayTo == "" {
+		return nil
+	}
+	return &j.ReplayTo
+}
+
+// CountPublishedBefore counts the events a replay of filter f would
+// publish again that were last published before t: with t = now minus the
+// inbox's retention, those an inbox may no longer remember (it prunes ids
+// past its retention), so a consumer may apply them again.
+func CountPublishedBefore(ctx context.Context, q db.Querier, f Filter, t time.Time) (int64, error) {
+	args := pgx.NamedArgs{"before": t}
+	where, err := jobWhere(actReplay, f, args)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM outbox_event e WHERE `+where+` AND e.published_at < @before`, args).Scan(&n); err != nil {
+		return 0, fmt.Errorf("outbox: count published before %s: %w", t, err)
+	}
+	return n, nil
 }

@@ -147,6 +147,20 @@ var (
 		set: `status = 'dead', dead_at = clock_timestamp(), dead_reason = @reason, locked_until = NULL, lock_token = NULL`}
 	actRetryNow = action{name: "retry now", from: StatusPending, idle: true,
 		set: `available_at = clock_timestamp()`}
+	// Replay makes a published event pending again, so the relays publish
+	// it once more with its original id: the relay stays the only publisher
+	// (a replay is leased, retried, backed off, ordered and paused like
+	// any event, and counted in sluice_outbox_published_total again), and
+	// no second broker connection lives in the console. Its aggregate_seq
+	// is kept, so with ordering on it goes out before the aggregate's later
+	// pending events. replay_to names the one consumer it is for;
+	// replay_count makes each replay a new broker message (see
+	// broker.Message.Replay). published_at keeps the last publish until the
+	// relay marks it again; the audit trail keeps the job's chunks.
+	actReplay = action{name: "replay", from: StatusPublished, needs: true,
+		set: `status = 'pending', available_at = clock_timestamp(), attempts = 0, last_error = NULL,
+		      locked_until = NULL, lock_token = NULL, replay_to = @replay_to,
+		      replay_count = replay_count + 1, replayed_at = clock_timestamp()`}
 )
 
 // where is the action's compare-and-set condition on an outbox_event row.

@@ -47,12 +47,14 @@ func TestClaimPlanUsesThePendingIndex(t *testing.T) {
 			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := tx.Exec(ctx, "PREPARE claim_generic (timestamptz, bigint, bigint, uuid) AS "+claimSQL(ordered)); err != nil {
+			if _, err := tx.Exec(ctx, "PREPARE claim_generic (timestamptz, bigint, bigint, uuid, uuid, text[]) AS "+claimSQL(ordered)); err != nil {
 				t.Fatal(err)
 			}
-			rows, err = tx.Query(ctx, `EXPLAIN EXECUTE claim_generic (NULL, 100, 30000000, '00000000-0000-0000-0000-000000000001')`)
+			rows, err = tx.Query(ctx, `EXPLAIN EXECUTE claim_generic (NULL, 100, 30000000, '00000000-0000-0000-0000-000000000001',
+				'00000000-0000-0000-0000-000000000000', '{paused}')`)
 		} else {
-			rows, err = tx.Query(ctx, "EXPLAIN "+claimSQL(ordered), nil, 100, int64(30_000_000), "00000000-0000-0000-0000-000000000001")
+			rows, err = tx.Query(ctx, "EXPLAIN "+claimSQL(ordered), nil, 100, int64(30_000_000), "00000000-0000-0000-0000-000000000001",
+				"00000000-0000-0000-0000-000000000000", []string{})
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -77,6 +79,62 @@ func TestClaimPlanUsesThePendingIndex(t *testing.T) {
 		if ordered && !strings.Contains(text, "outbox_event_pending_aggregate_idx") {
 			t.Fatalf("the ordering check does not probe outbox_event_pending_aggregate_idx:\n%s", text)
 		}
+	}
+}
+
+// The read before each claim (paused topics and where the claim's walk
+// starts) must cost O(pending topics), never O(backlog): with a topic paused,
+// it probes outbox_event_pending_topic_idx once per pending topic.
+func TestClaimFloorPlanProbesTheTopicIndex(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	// A paused backlog of 40,000 rows in id order before 2,000 rows of
+	// three running topics, and published history.
+	_, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, published_at)
+		SELECT uuid_generate_v7_like, 'plan', 'a' || g, 1,
+		       CASE WHEN g <= 20000 THEN 'history' WHEN g <= 60000 THEN 'paused' ELSE 'run' || (g % 3) END,
+		       'plan.v1', '{}'::jsonb,
+		       CASE WHEN g <= 20000 THEN 'published' ELSE 'pending' END,
+		       CASE WHEN g <= 20000 THEN now() END
+		  FROM generate_series(1, 62000) g,
+		       LATERAL (SELECT ('00000000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid AS uuid_generate_v7_like) u;
+		INSERT INTO outbox_topic_pause (topic, paused_by, reason) VALUES ('paused', 'test', 'plan');
+		ANALYZE outbox_event; ANALYZE outbox_topic_pause`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan []string
+	rows, err := pool.Query(ctx, "EXPLAIN "+claimFloorSQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, line)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(plan, "\n")
+	t.Logf("claim floor plan:\n%s", text)
+	if !strings.Contains(text, "outbox_event_pending_topic_idx") || strings.Contains(text, "Seq Scan on outbox_event ") ||
+		strings.Contains(text, "outbox_event_pending_idx") || !strings.Contains(text, "One-Time Filter") {
+		t.Fatalf("the claim floor does not probe outbox_event_pending_topic_idx:\n%s", text)
+	}
+	var (
+		paused []string
+		floor  *string
+	)
+	if err := pool.QueryRow(ctx, claimFloorSQL).Scan(&paused, &floor); err != nil {
+		t.Fatal(err)
+	}
+	if len(paused) != 1 || paused[0] != "paused" || floor == nil || *floor != "00000000-0000-7000-8000-00000000ea61" {
+		t.Fatalf("paused %v, floor %v; want [paused] and the first running id (60001)", paused, floor)
 	}
 }
 
@@ -107,7 +165,7 @@ func TestClaimIsAHOTUpdate(t *testing.T) {
 			return upd, hot
 		}
 		upd0, hot0 := counts()
-		tag, err := tx.Exec(ctx, claimSQL(ordered), nil, 100, int64(30_000_000), uuid.New())
+		tag, err := tx.Exec(ctx, claimSQL(ordered), nil, 100, int64(30_000_000), uuid.New(), uuid.Nil, []string{})
 		if err != nil {
 			t.Fatal(err)
 		}

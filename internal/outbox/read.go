@@ -30,8 +30,9 @@ type Backlog struct {
 	Topics           []TopicBacklog `json:"topics"` // largest first
 	Pending          int64          `json:"pending"`
 	InFlight         int64          `json:"in_flight"`
-	OldestPendingAge time.Duration  `json:"-"`    // now() − created_at of the oldest pending event
-	Dead             int64          `json:"dead"` // dead letters waiting for an operator
+	OldestPendingAge time.Duration  `json:"-"`      // now() − created_at of the oldest pending event
+	Dead             int64          `json:"dead"`   // dead letters waiting for an operator
+	Paused           []TopicPause   `json:"paused"` // paused topics by name (outbox_topic_pause: a handful of rows)
 }
 
 // BacklogRead reads Backlog. Every count reads a partial index (pending,
@@ -47,7 +48,10 @@ func (r *BacklogRead) Expr(*db.Args) string {
 	    'pending', coalesce(sum(pending), 0),
 	    'in_flight', coalesce(sum(in_flight), 0),
 	    'oldest_secs', coalesce(extract(epoch FROM now() - min(oldest)), 0),
-	    'dead', (SELECT count(*) FROM outbox_event WHERE status = 'dead'))
+	    'dead', (SELECT count(*) FROM outbox_event WHERE status = 'dead'),
+	    'paused', (SELECT coalesce(json_agg(json_build_object('topic', topic, 'paused_by', paused_by,
+	                                         'paused_at', paused_at, 'reason', reason) ORDER BY topic), '[]')
+	                 FROM outbox_topic_pause))
 	  FROM (SELECT topic, count(*) AS pending,
 	               count(*) FILTER (WHERE locked_until > now()) AS in_flight,
 	               min(created_at) AS oldest

@@ -175,6 +175,11 @@ func (r *Relay) Stats() RelayStats {
 // holds at most one event per aggregate, the next one is claimed only after
 // this one is marked published, and a dead letter holds back only its own
 // aggregate until an operator retries it (order kept) or discards it.
+//
+// $5 and $6 skip the paused topics (claimFloorSQL, read just before): the
+// walk starts at the lowest pending id of a topic that is not paused, and
+// passes over the paused topics' events after it. With nothing paused they
+// are the zero id and no topic.
 func claimSQL(ordered bool) string {
 	orderClause := ""
 	if ordered {
@@ -192,7 +197,9 @@ func claimSQL(ordered bool) string {
 		  FROM outbox_event c
 		 WHERE c.status = 'pending'
 		   AND c.available_at <= coalesce($1::timestamptz, statement_timestamp())
-		   AND (c.locked_until IS NULL OR c.locked_until < coalesce($1::timestamptz, statement_timestamp()))` + orderClause + `
+		   AND (c.locked_until IS NULL OR c.locked_until < coalesce($1::timestamptz, statement_timestamp()))
+		   AND c.id >= $5::uuid
+		   AND CASE WHEN cardinality($6::text[]) = 0 THEN true ELSE c.topic <> ALL($6::text[]) END` + orderClause + `
 		 ORDER BY c.id
 		 LIMIT $2
 		 FOR UPDATE OF c SKIP LOCKED
@@ -204,7 +211,7 @@ func claimSQL(ordered bool) string {
 	  FROM claim
 	 WHERE e.id = claim.id
 	RETURNING e.id, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.topic, e.event_type,
-	          e.payload, e.headers, e.attempts, claim.prev_lock IS NOT NULL`
+	          e.payload, e.headers, e.attempts, claim.prev_lock IS NOT NULL, coalesce(e.replay_to, ''), e.replay_count`
 }
 
 // claimed is one event this relay holds under its lease.
@@ -218,7 +225,9 @@ type claimed struct {
 	Payload       []byte
 	Headers       map[string]string
 	Attempts      int
-	Shards, Shard int // where it is published (Shards 0: unsharded)
+	Shards, Shard int    // where it is published (Shards 0: unsharded)
+	ReplayTo      string // a replay for one consumer ("" : everyone on the topic)
+	Replay        int    // replays an operator asked for (0: never replayed)
 }
 
 func (c claimed) message() broker.Message {
@@ -227,6 +236,7 @@ func (c claimed) message() broker.Message {
 		AggregateType: c.AggregateType, AggregateID: c.AggregateID, AggregateSeq: c.AggregateSeq,
 		EventType: c.EventType, Payload: c.Payload, Headers: c.Headers,
 		Shards: c.Shards, Shard: c.Shard,
+		Replay: c.Replay, ReplayTo: c.ReplayTo,
 	}
 }
 
@@ -250,9 +260,24 @@ func (r *Relay) nowArg() *time.Time {
 	return &t
 }
 
-// claim takes up to BatchSize eligible events under a fresh lease token.
+// claim takes up to BatchSize eligible events under a fresh lease token,
+// none of a paused topic (read once per claim, just before it).
 func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, error) {
-	rows, err := r.pool.Query(ctx, r.claimSQL, r.nowArg(), r.cfg.BatchSize, r.cfg.Lease.Microseconds(), token)
+	var (
+		paused []string
+		floor  *uuid.UUID
+	)
+	if err := r.pool.QueryRow(ctx, claimFloorSQL).Scan(&paused, &floor); err != nil {
+		return nil, 0, fmt.Errorf("outbox: claim: paused topics: %w", err)
+	}
+	if floor == nil {
+		if len(paused) > 0 { // only paused topics have pending events
+			return nil, 0, nil
+		}
+		zero := uuid.Nil
+		floor = &zero
+	}
+	rows, err := r.pool.Query(ctx, r.claimSQL, r.nowArg(), r.cfg.BatchSize, r.cfg.Lease.Microseconds(), token, *floor, paused)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: claim: %w", err)
 	}
@@ -268,7 +293,7 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, err
 			wasLeased bool
 		)
 		if err := rows.Scan(&c.ID, &c.AggregateType, &c.AggregateID, &c.AggregateSeq, &c.Topic, &c.EventType,
-			&c.Payload, &headers, &c.Attempts, &wasLeased); err != nil {
+			&c.Payload, &headers, &c.Attempts, &wasLeased, &c.ReplayTo, &c.Replay); err != nil {
 			return nil, 0, fmt.Errorf("outbox: claim: %w", err)
 		}
 		if len(headers) > 2 {
@@ -594,7 +619,8 @@ func (o *outcome) add(f func()) {
 // Not waiting for the WAL flush takes one disk round trip off every batch.
 const markPublishedSQL = `
 		UPDATE outbox_event
-		   SET status = 'published', published_at = coalesce($3::timestamptz, statement_timestamp()), locked_until = NULL
+		   SET status = 'published', published_at = coalesce($3::timestamptz, statement_timestamp()), locked_until = NULL,
+		       replay_to = NULL
 		  FROM (SELECT set_config('synchronous_commit', 'off', true)) async_commit
 		 WHERE id = ANY($1) AND lock_token = $2 AND status = 'pending'
 		RETURNING topic`

@@ -134,6 +134,17 @@ func (n *JetStream) publishError(subject string, err error) error {
 
 // natsMsg is msg as JetStream stores it: the event id as Nats-Msg-Id (the
 // stream's dedupe key) and the aggregate in headers.
+//
+// A replay (msg.Replay > 0) goes to the topic's subject like the first
+// publish, with Nats-Msg-Id "<id>.replay.<n>" (the stream's duplicate window
+// would drop the event id itself if it was published in the last two
+// minutes, and still drops a relay's republish of the same replay) and the
+// event id in Sluice-Event-Id, which the consumer reads as the message id.
+// A replay for one consumer carries its name in Sluice-Replay-To: every
+// durable consumer reads the stream's subjects, so the others receive the
+// message too and acknowledge it without handling it (Subscribe). The price
+// is that each other consumer reads the replayed messages once; JetStream
+// has no per-consumer destination a publisher can choose.
 func (n *JetStream) natsMsg(msg broker.Message) *nats.Msg {
 	subject := n.Subject(msg.Topic)
 	if msg.Shards > 0 {
@@ -147,6 +158,13 @@ func (n *JetStream) natsMsg(msg broker.Message) *nats.Msg {
 		m.Header.Set(broker.HeaderShard, strconv.Itoa(msg.Shard)+"/"+strconv.Itoa(msg.Shards))
 	}
 	m.Header.Set(jetstream.MsgIDHeader, msg.ID)
+	if msg.Replay > 0 {
+		m.Header.Set(jetstream.MsgIDHeader, msg.ID+".replay."+strconv.Itoa(msg.Replay))
+		m.Header.Set(broker.HeaderEventID, msg.ID)
+	}
+	if msg.ReplayTo != "" {
+		m.Header.Set(broker.HeaderReplayTo, msg.ReplayTo)
+	}
 	m.Header.Set(broker.HeaderAggregateType, msg.AggregateType)
 	m.Header.Set(broker.HeaderAggregateID, msg.AggregateID)
 	m.Header.Set(broker.HeaderAggregateSeq, strconv.FormatInt(msg.AggregateSeq, 10))
@@ -194,6 +212,13 @@ func (n *JetStream) Subscribe(ctx context.Context, consumer string, h broker.Han
 			return fmt.Errorf("broker: next message: %w", err)
 		}
 		msg := fromNATS(jm)
+		if msg.ReplayTo != "" && msg.ReplayTo != consumer {
+			// A replay for another consumer: not ours to apply.
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = jm.DoubleAck(actx)
+			cancel()
+			continue
+		}
 		if herr := broker.HandleInPlace(ctx, h, msg, func() { _ = jm.InProgress() }); herr != nil {
 			// Stopped while the effect was failing: hand it back for later.
 			_ = jm.Nak()
@@ -210,8 +235,13 @@ func (n *JetStream) Subscribe(ctx context.Context, consumer string, h broker.Han
 func fromNATS(jm jetstream.Msg) broker.Message {
 	h := jm.Headers()
 	seq, _ := strconv.ParseInt(h.Get(broker.HeaderAggregateSeq), 10, 64)
+	id := h.Get(broker.HeaderEventID)
+	if id == "" {
+		id = h.Get(jetstream.MsgIDHeader)
+	}
 	msg := broker.Message{
-		ID:            h.Get(jetstream.MsgIDHeader),
+		ID:            id,
+		ReplayTo:      h.Get(broker.HeaderReplayTo),
 		AggregateType: h.Get(broker.HeaderAggregateType),
 		AggregateID:   h.Get(broker.HeaderAggregateID),
 		AggregateSeq:  seq,
@@ -231,7 +261,8 @@ func fromNATS(jm jetstream.Msg) broker.Message {
 	}
 	for k := range h {
 		switch k {
-		case jetstream.MsgIDHeader, broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType, broker.HeaderShard:
+		case jetstream.MsgIDHeader, broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType,
+			broker.HeaderShard, broker.HeaderEventID, broker.HeaderReplayTo:
 			continue
 		}
 		if msg.Headers == nil {

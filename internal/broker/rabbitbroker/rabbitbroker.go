@@ -28,6 +28,10 @@ var ErrUnroutable = errors.New("broker: message routed to no queue")
 // Consumers do not see it: fromAMQP drops it.
 const headerPublishID = "Sluice-Publish-Id"
 
+// headerTopic carries the topic of a message published straight to a queue
+// (a replay for one consumer), whose routing key is the queue's name.
+const headerTopic = "Sluice-Topic"
+
 // Subscribe's wait between consume attempts, and the default number of
 // failures in a row it tolerates (Options.MaxConsumeFailures).
 const (
@@ -183,12 +187,25 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 		headers[k] = v
 	}
 	headers[headerPublishID] = token
-	key := msg.Topic
+	// A replay for one consumer goes through the default exchange straight
+	// to that consumer's queue (routing key = queue name; with shards, the
+	// queue of the event's shard), so no other queue sees it; mandatory
+	// makes a missing queue an ErrUnroutable. The topic travels in a header,
+	// since the routing key is the queue's name.
+	exchange, key := r.exchange, msg.Topic
 	if msg.Shards > 0 {
 		key = broker.ShardToken(msg.Shards, msg.Shard) + "." + msg.Topic
 		headers[broker.HeaderShard] = strconv.Itoa(msg.Shard) + "/" + strconv.Itoa(msg.Shards)
 	}
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, r.exchange, key, true, false, amqp.Publishing{
+	if msg.ReplayTo != "" {
+		exchange, key = "", r.Queue(msg.ReplayTo)
+		if msg.Shards > 0 {
+			key = r.ShardQueue(msg.ReplayTo, msg.Shards, msg.Shard)
+		}
+		headers[headerTopic] = msg.Topic
+		headers[broker.HeaderReplayTo] = msg.ReplayTo
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, amqp.Publishing{
 		MessageId:    msg.ID,
 		Type:         msg.EventType,
 		ContentType:  "application/json",
@@ -218,7 +235,7 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 	unroutable := r.waiting[token]
 	r.mu.Unlock()
 	if unroutable {
-		return fmt.Errorf("%w: exchange %s, routing key %s", ErrUnroutable, r.exchange, key)
+		return fmt.Errorf("%w: exchange %q, routing key %s", ErrUnroutable, exchange, key)
 	}
 	return nil
 }
@@ -358,9 +375,14 @@ func fromAMQP(d amqp.Delivery) broker.Message {
 		return s
 	}
 	seq, _ := strconv.ParseInt(str(broker.HeaderAggregateSeq), 10, 64)
+	topic := d.RoutingKey
+	if t := str(headerTopic); t != "" {
+		topic = t
+	}
 	msg := broker.Message{
 		ID:            d.MessageId,
-		Topic:         d.RoutingKey,
+		Topic:         topic,
+		ReplayTo:      str(broker.HeaderReplayTo),
 		AggregateType: str(broker.HeaderAggregateType),
 		AggregateID:   str(broker.HeaderAggregateID),
 		AggregateSeq:  seq,
@@ -375,7 +397,8 @@ func fromAMQP(d amqp.Delivery) broker.Message {
 	}
 	for k, v := range d.Headers {
 		switch k {
-		case broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType, headerPublishID, broker.HeaderShard:
+		case broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType, headerPublishID,
+			broker.HeaderShard, headerTopic, broker.HeaderReplayTo:
 			continue
 		}
 		if s, ok := v.(string); ok {
