@@ -57,7 +57,7 @@ func runConsume(ctx context.Context, e env, args []string) error {
 		if err != nil {
 			return err
 		}
-		sc := &inbox.ShardedConsumer{Inbox: sin, Name: c.Consumer, Shards: c.Shards, Owned: c.Owned, Batch: c.BatchSize}
+		sc := &inbox.ShardedConsumer{Inbox: sin, Name: c.Consumer, Shards: c.Shards, Owned: c.Owned, Batch: c.BatchSize, Tracing: w.tracing.Provider()}
 		log.Info("consumer started", "consumer", c.Consumer, "shards", c.Shards, "owned", c.ShardsOwned)
 		err = sc.Run(ctx, sub)
 		n := sc.Counts()

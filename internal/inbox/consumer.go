@@ -50,15 +50,7 @@ func (c *Consumer) Run(ctx context.Context, sub broker.Subscriber) error {
 func (c *Consumer) Handle(ctx context.Context, msg broker.Message) (err error) {
 	var span trace.Span
 	if c.Tracing != nil {
-		ctx, span = telemetry.Tracer(c.Tracing).Start(telemetry.Extract(ctx, msg.Headers), "handle "+msg.Topic,
-			trace.WithSpanKind(trace.SpanKindConsumer),
-			trace.WithAttributes(
-				attribute.String("messaging.operation.type", "process"),
-				attribute.String("messaging.destination.name", msg.Topic),
-				attribute.String("messaging.consumer.group.name", c.Name),
-				attribute.String("messaging.message.id", msg.ID),
-				attribute.String("sluice.event_type", msg.EventType),
-			))
+		ctx, span = startHandleSpan(ctx, c.Tracing, c.Name, msg)
 		defer func() {
 			if err != nil {
 				span.RecordError(err)
@@ -118,4 +110,19 @@ func RecordEffect(consumer string) Effect {
 		}
 		return nil
 	}
+}
+
+// startHandleSpan starts a consumer's span for one message, the child of
+// the context the message carries (the relay's publish span, or the request
+// that wrote the event), so a trace runs from the caller to the effect.
+func startHandleSpan(ctx context.Context, tp trace.TracerProvider, consumer string, msg broker.Message) (context.Context, trace.Span) {
+	return telemetry.Tracer(tp).Start(telemetry.Extract(ctx, msg.Headers), "handle "+msg.Topic,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.destination.name", msg.Topic),
+			attribute.String("messaging.consumer.group.name", consumer),
+			attribute.String("messaging.message.id", msg.ID),
+			attribute.String("sluice.event_type", msg.EventType),
+		))
 }

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-dev/sluice/internal/broker"
 )
@@ -38,6 +41,10 @@ type ShardedConsumer struct {
 	Owned  []int       // shards this process may run (nil: all)
 	Batch  int         // most messages per transaction (default DefaultConsumeBatch)
 	Effect BatchEffect // nil: RecordBatchEffect(Name)
+	// Tracing (nil: none) makes one consumer span per message of a batch,
+	// each the child of the context its message carries, ended when the
+	// batch's transaction has committed (or failed).
+	Tracing trace.TracerProvider
 	// RetryInterval is how often the consumer tries to take the owned
 	// shards it does not hold, and checks its lock connection (default 2s).
 	RetryInterval time.Duration
@@ -256,7 +263,9 @@ func (c *ShardedConsumer) runShard(ctx context.Context, sub broker.ShardSubscrib
 			err = sub.SubscribeShard(ctx, broker.ShardSubscription{
 				Consumer: c.Name, Shards: c.Shards, Shard: shard, Batch: size, After: pos.At,
 			}, func(ctx context.Context, batch []broker.Message) error {
+				spans := c.startSpans(ctx, batch)
 				n, err := c.Inbox.HandleBatch(ctx, c.Name, &pos, batch, effect)
+				endSpans(spans, err)
 				if err != nil {
 					return err
 				}
@@ -289,5 +298,28 @@ func (c *ShardedConsumer) runShard(ctx context.Context, sub broker.ShardSubscrib
 		case <-t.C:
 		}
 		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// startSpans starts a span per message when tracing is on (nil otherwise).
+func (c *ShardedConsumer) startSpans(ctx context.Context, batch []broker.Message) []trace.Span {
+	if c.Tracing == nil {
+		return nil
+	}
+	spans := make([]trace.Span, len(batch))
+	for i, m := range batch {
+		_, spans[i] = startHandleSpan(ctx, c.Tracing, c.Name, m)
+		spans[i].SetAttributes(attribute.Int("messaging.batch.message_count", len(batch)))
+	}
+	return spans
+}
+
+func endSpans(spans []trace.Span, err error) {
+	for _, s := range spans {
+		if err != nil {
+			s.RecordError(err)
+			s.SetStatus(codes.Error, "batch failed")
+		}
+		s.End()
 	}
 }

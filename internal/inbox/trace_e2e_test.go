@@ -48,7 +48,7 @@ func TestTraceContextCrossesTheOutboxOverNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	traceAcross(t, srv.ClientURL(), broker.Options{Namespace: "trace"}, true)
+	traceAcross(t, srv.ClientURL(), broker.Options{Namespace: "trace"}, true, 0)
 }
 
 // Without tracing (no provider: the default), the stored traceparent and
@@ -60,7 +60,7 @@ func TestTraceHeadersSurviveTheRelayOverNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	traceAcross(t, srv.ClientURL(), broker.Options{Namespace: "traceoff"}, false)
+	traceAcross(t, srv.ClientURL(), broker.Options{Namespace: "traceoff"}, false, 0)
 }
 
 // …and on the RabbitMQ server on this machine (absent: a failure naming
@@ -82,10 +82,24 @@ func TestTraceContextCrossesTheOutboxOverRabbitMQ(t *testing.T) {
 			t.Logf("cleanup: %v", err)
 		}
 	})
-	traceAcross(t, url, opts, true)
+	traceAcross(t, url, opts, true, 0)
 }
 
-func traceAcross(t *testing.T, url string, opts broker.Options, traced bool) {
+// The sharded consumer (console consume --shards) continues the trace the
+// same way: one span per message of its batch.
+func TestTraceContextCrossesTheOutboxToTheShardedConsumer(t *testing.T) {
+	t.Parallel()
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	traceAcross(t, srv.ClientURL(), broker.Options{Namespace: "traceshard"}, true, 4)
+}
+
+// traceAcross inserts one traced event, relays it and consumes it: with the
+// reference consumer (shards 0) or the sharded one on that many shards.
+func traceAcross(t *testing.T, url string, opts broker.Options, traced bool, shards int) {
 	pool := dbtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -130,16 +144,25 @@ func traceAcross(t *testing.T, url string, opts broker.Options, traced bool) {
 		mu   sync.Mutex
 		seen map[string]string
 	)
-	consumer := &inbox.Consumer{Inbox: inbox.New(pool), Name: "traced", Tracing: provider,
-		Effect: func(ctx context.Context, tx pgx.Tx, msg broker.Message) error {
-			mu.Lock()
-			seen = msg.Headers
-			mu.Unlock()
-			return inbox.RecordEffect("traced")(ctx, tx, msg)
-		}}
+	effect := func(ctx context.Context, tx pgx.Tx, msg broker.Message) error {
+		mu.Lock()
+		seen = msg.Headers
+		mu.Unlock()
+		return inbox.RecordEffect("traced")(ctx, tx, msg)
+	}
+	run := (&inbox.Consumer{Inbox: inbox.New(pool), Name: "traced", Tracing: provider, Effect: effect}).Run
+	if shards > 0 {
+		ss, ok := sub.(broker.ShardSubscriber)
+		if !ok {
+			t.Fatalf("%T cannot read shards", sub)
+		}
+		sc := &inbox.ShardedConsumer{Inbox: inbox.New(pool), Name: "traced", Shards: shards, Tracing: provider,
+			Effect: inbox.EachEffect(effect), RetryInterval: 100 * time.Millisecond}
+		run = func(ctx context.Context, _ broker.Subscriber) error { return sc.Run(ctx, ss) }
+	}
 	cctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- consumer.Run(cctx, sub) }()
+	go func() { done <- run(cctx, sub) }()
 	defer func() {
 		stop()
 		if err := <-done; err != nil {
@@ -147,7 +170,7 @@ func traceAcross(t *testing.T, url string, opts broker.Options, traced bool) {
 		}
 	}()
 
-	relay, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{DisableListen: true, Tracing: provider}, nil, nil)
+	relay, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{DisableListen: true, Tracing: provider, Shards: shards}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
