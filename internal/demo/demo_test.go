@@ -72,13 +72,19 @@ func TestDemoComesAliveAndCleansUp(t *testing.T) {
 	home, perr := client.Do(req)
 	tryBannerExample(t, out.String())
 	verifyBannerDatabase(t, out.String(), server)
+	// The live snapshot's gauges appear with its first step, a moment after
+	// the console starts: wait for it rather than race it.
 	metrics := scrape(t, d.ConsoleURL+"/metrics")
+	for !strings.Contains(metrics, "\nsluice_outbox_oldest_pending_age_seconds") && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		metrics = scrape(t, d.ConsoleURL+"/metrics")
+	}
 	stop()
 	// One process, one /metrics: every part's series are on the console's.
 	for part, name := range map[string]string{
 		"relays": "sluice_outbox_published_total", "consumer": "sluice_inbox_processed_total",
 		"payments service": "sluice_payments_total", "payments health": "sluice_payments_unknown",
-		"console": "sluice_ws_clients", "live snapshot": "sluice_outbox_backlog",
+		"console": "sluice_ws_clients", "live snapshot": "sluice_outbox_oldest_pending_age_seconds",
 	} {
 		if !strings.Contains(metrics, "\n"+name) {
 			t.Errorf("the demo's /metrics lacks the %s' %s", part, name)

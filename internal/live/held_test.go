@@ -76,3 +76,52 @@ func TestSnapshotCountsEventsHeldBehindDeadLetters(t *testing.T) {
 		t.Fatalf("sluice_outbox_held %v, want 2", got)
 	}
 }
+
+// A topic whose backlog drains keeps its sluice_outbox_backlog series at 0:
+// a graph or an alert sees the drain, not a vanished series.
+func TestBacklogOfADrainedTopicStaysAtZero(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.Insert(ctx, tx, outbox.Event{AggregateType: "t", AggregateID: "a", Topic: "drains",
+			EventType: "t.v1", Payload: json.RawMessage(`{}`)})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := live.New(pool, nil, live.Config{})
+	reg := prometheus.NewRegistry()
+	if err := f.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	backlog := func() string {
+		t.Helper()
+		if err := f.Step(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, mf := range mfs {
+			if mf.GetName() == "sluice_outbox_backlog" {
+				for _, m := range mf.GetMetric() {
+					got = append(got, fmt.Sprintf("%s=%v", m.GetLabel()[0].GetValue(), m.GetGauge().GetValue()))
+				}
+			}
+		}
+		return strings.Join(got, ",")
+	}
+	if got := backlog(); got != "drains=1" {
+		t.Fatalf("backlog %q, want drains=1", got)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE outbox_event SET status = 'published', published_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	if got := backlog(); got != "drains=0" {
+		t.Fatalf("backlog after the drain %q, want drains=0", got)
+	}
+}

@@ -1,6 +1,8 @@
 package live
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/internal/outbox"
@@ -9,7 +11,14 @@ import (
 // collector exports gauges read from the same snapshot the dashboard shows:
 // a scrape never runs a query of its own.
 type collector struct {
-	f                                                                              *Feed
+	f *Feed
+	// seen are the topics this process has reported a backlog for (or seen
+	// paused): once drained they report 0 instead of vanishing, so a graph
+	// or an alert on sluice_outbox_backlog{topic} sees the drain, not a gap.
+	// Bounded by the topics operators create.
+	mu   sync.Mutex
+	seen map[string]bool
+
 	backlog, oldest, dead, held, unknown, reconcile, stuck, discrepancies, clients *prometheus.Desc
 	jobs, paused                                                                   *prometheus.Desc
 }
@@ -18,6 +27,7 @@ type collector struct {
 func (f *Feed) Register(reg prometheus.Registerer) error {
 	return reg.Register(&collector{
 		f:       f,
+		seen:    map[string]bool{},
 		backlog: prometheus.NewDesc("sluice_outbox_backlog", "Pending outbox events per topic.", []string{"topic"}, nil),
 		oldest:  prometheus.NewDesc("sluice_outbox_oldest_pending_age_seconds", "Age of the oldest pending outbox event.", nil, nil),
 		dead:    prometheus.NewDesc("sluice_outbox_dead_letter", "Dead-lettered outbox events.", nil, nil),
@@ -48,12 +58,22 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	if !ok {
 		return
 	}
+	c.mu.Lock()
+	now := make(map[string]bool, len(s.Backlog))
 	for _, b := range s.Backlog {
 		ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(b.Pending), b.Topic)
+		now[b.Topic], c.seen[b.Topic] = true, true
 	}
 	for _, p := range s.Paused {
 		ch <- prometheus.MustNewConstMetric(c.paused, prometheus.GaugeValue, 1, p.Topic)
+		c.seen[p.Topic] = true
 	}
+	for topic := range c.seen {
+		if !now[topic] {
+			ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, 0, topic)
+		}
+	}
+	c.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, s.OldestPendingAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(s.Dead))
 	ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(s.Held.Events))
