@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -37,10 +38,13 @@ func TestBrowserOutboxFindRetryDeadLetterLive(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`[data-testid="f-id-prefix"]`)),
 		chromedp.SendKeys(chromedp.CSS(`[data-testid="f-id-prefix"]`), dead.String()[:13]),
 		chromedp.Click(chromedp.CSS(`[data-testid="f-submit"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`[data-testid="row-link"]`)),
 	); err != nil {
 		t.Fatalf("support: search by id prefix: %v", err)
 	}
+	// The filter is a plain GET form: the list's rows are on screen before
+	// the click too, so wait for the searched page, not for any row.
+	waitJS(support, t, "the search's page", fmt.Sprintf(`new URLSearchParams(location.search).get('id_prefix') === %q
+		&& document.readyState === 'complete' && document.querySelectorAll('[data-testid="row-link"]').length === 1`, dead.String()[:13]))
 	if got := text(support, t, `[data-testid="row-id"]`); got != dead.String() {
 		t.Fatalf("support found %q, want %s", got, dead)
 	}
