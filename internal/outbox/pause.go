@@ -155,11 +155,11 @@ const claimFloorSQL = `
 	WITH RECURSIVE p AS (SELECT coalesce(array_agg(topic), '{}') AS topics FROM outbox_topic_pause),
 	t AS (
 		(SELECT e.topic, e.id FROM outbox_event e
-		  WHERE EXISTS (SELECT 1 FROM outbox_topic_pause) AND e.status = 'pending' ORDER BY e.topic, e.id LIMIT 1)
+		  WHERE EXISTS (SELECT 1 FROM outbox_topic_pause) AND e.status = 'pending' AND e.topic > '' ORDER BY e.topic, e.id LIMIT 1)
 		UNION ALL
 		SELECT n.topic, n.id FROM t,
 		       LATERAL (SELECT e.topic, e.id FROM outbox_event e
-		                 WHERE e.status = 'pending' AND e.topic > t.topic ORDER BY e.topic, e.id LIMIT 1) n
+		                 WHERE e.status = 'pending' AND e.topic > '' AND e.topic > t.topic ORDER BY e.topic, e.id LIMIT 1) n
 	)
 	SELECT p.topics, (SELECT t.id FROM t WHERE t.topic <> ALL(p.topics) ORDER BY t.id LIMIT 1)
 	  FROM p`
