@@ -394,6 +394,7 @@ func TestBrowserShortcutsAndCopy(t *testing.T) {
 	}
 	// A viewer: no audit, jobs or approvals in the list.
 	browserLogin(tctx, t, h, "support")
+	waitJS(tctx, t, "the viewer's page loaded", `document.readyState === 'complete'`)
 	if err := chromedp.Do(tctx, chromedp.KeyEvent("?"), chromedp.WaitVisible(chromedp.CSS(`#keys`))); err != nil {
 		t.Fatalf("? opens the shortcuts: %v", err)
 	}
@@ -416,6 +417,7 @@ func TestBrowserShortcutsAndCopy(t *testing.T) {
 	}
 
 	browserLogin(tctx, t, h, "admin")
+	waitJS(tctx, t, "the admin's page loaded", `document.readyState === 'complete'`)
 	if err := chromedp.Do(tctx, chromedp.KeyEvent("?"), chromedp.WaitVisible(chromedp.CSS(`#keys`))); err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +430,9 @@ func TestBrowserShortcutsAndCopy(t *testing.T) {
 		chromedp.KeyEvent("g"), chromedp.KeyEvent(`"`), chromedp.KeyEvent("g"), chromedp.KeyEvent("o")); err != nil {
 		t.Fatal(err)
 	}
-	waitJS(tctx, t, "g o opened the outbox", `location.pathname === '/outbox' && !!document.querySelector('[data-testid="filters"]')`)
+	// Complete: console.js (deferred) has run and listens for keys; a key
+	// sent while the new page is still loading goes nowhere.
+	waitJS(tctx, t, "g o opened the outbox", `location.pathname === '/outbox' && !!document.querySelector('[data-testid="filters"]') && document.readyState === 'complete'`)
 	if err := chromedp.Do(tctx, chromedp.KeyEvent("/")); err != nil {
 		t.Fatal(err)
 	}
