@@ -285,7 +285,15 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, err
 		zero := uuid.Nil
 		floor = &zero
 	}
-	rows, err := r.pool.Query(ctx, r.claimSQL, r.nowArg(), r.cfg.BatchSize, r.cfg.Lease.Microseconds(), token, *floor, paused)
+	// Planned afresh on every call (QueryExecModeExec: an unnamed statement),
+	// never from a plan cached on the connection: a prepared claim switches
+	// to a generic plan after a few runs, and one made while the table was
+	// empty or tiny (a new deployment, a burst after a quiet spell) scans the
+	// table and probes each candidate's aggregate by scanning it again,
+	// O(pending²), until autoanalyze invalidates it, up to a minute later
+	// (bench R2: claims of 5 s, a 16 s p99). A fresh plan sees the table's
+	// current size; planning costs about a millisecond per batch.
+	rows, err := r.pool.Query(ctx, r.claimSQL, pgx.QueryExecModeExec, r.nowArg(), r.cfg.BatchSize, r.cfg.Lease.Microseconds(), token, *floor, paused)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: claim: %w", err)
 	}
