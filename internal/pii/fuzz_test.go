@@ -41,8 +41,11 @@ func FuzzMask(f *testing.F) {
 				// "[redacted]").
 				return false
 			}
+			// An input with one letter or digit can equal its mask ("A***"
+			// masks a name to its initial and stars, so it masks to itself):
+			// the mask shows that one character by design, nothing more.
 			v := strings.TrimSpace(value)
-			return alnumCount(value) >= 2 && strings.Contains(out, v) || alnumCount(value) >= 1 && out == value
+			return alnumCount(value) >= 2 && (strings.Contains(out, v) || out == value)
 		}
 		if out := pii.Mask(rule, value); echoes(out) {
 			t.Fatalf("Mask(%v, %q) = %q echoes its input", rule, value, out)
