@@ -247,17 +247,7 @@ func (r *RabbitMQ) DeclareQueue(consumer string) error {
 	if err := broker.ValidateConsumer(consumer); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, err := r.channelLocked(); err != nil {
-		return err
-	}
-	ch, err := r.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("broker: open channel: %w", err)
-	}
-	defer ch.Close()
-	return r.declareQueue(ch, consumer)
+	return r.onSideChannel(func(ch *amqp.Channel) error { return r.declareQueue(ch, consumer) })
 }
 
 func (r *RabbitMQ) declareQueue(ch *amqp.Channel, consumer string) error {
@@ -414,22 +404,14 @@ func fromAMQP(d amqp.Delivery) broker.Message {
 // DeleteShardQueues removes the shard queues of consumer (tests and the
 // bench clean up with it).
 func (r *RabbitMQ) DeleteShardQueues(consumer string, shards int) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, err := r.channelLocked(); err != nil {
-		return err
-	}
-	ch, err := r.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("broker: open channel: %w", err)
-	}
-	defer ch.Close()
-	for s := range shards {
-		if _, err := ch.QueueDelete(r.ShardQueue(consumer, shards, s), false, false, false); err != nil {
-			return fmt.Errorf("broker: delete queue %s: %w", r.ShardQueue(consumer, shards, s), err)
+	return r.onSideChannel(func(ch *amqp.Channel) error {
+		for s := range shards {
+			if _, err := ch.QueueDelete(r.ShardQueue(consumer, shards, s), false, false, false); err != nil {
+				return fmt.Errorf("broker: delete queue %s: %w", r.ShardQueue(consumer, shards, s), err)
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // ShardQueue is the durable queue of one shard of a consumer.
@@ -445,22 +427,14 @@ func (r *RabbitMQ) DeclareShardQueues(consumer string, shards int) error {
 	if err := broker.ValidateConsumer(consumer); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, err := r.channelLocked(); err != nil {
-		return err
-	}
-	ch, err := r.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("broker: open channel: %w", err)
-	}
-	defer ch.Close()
-	for s := range shards {
-		if err := r.declareShardQueue(ch, consumer, shards, s); err != nil {
-			return err
+	return r.onSideChannel(func(ch *amqp.Channel) error {
+		for s := range shards {
+			if err := r.declareShardQueue(ch, consumer, shards, s); err != nil {
+				return err
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 func (r *RabbitMQ) declareShardQueue(ch *amqp.Channel, consumer string, shards, shard int) error {
@@ -568,6 +542,23 @@ func (r *RabbitMQ) Close() error {
 // DeleteNamespace removes the exchange and the queues of consumers (tests
 // and the demo clean up after themselves with it).
 func (r *RabbitMQ) DeleteNamespace(consumers ...string) error {
+	return r.onSideChannel(func(ch *amqp.Channel) error {
+		for _, c := range consumers {
+			if _, err := ch.QueueDelete(r.Queue(c), false, false, false); err != nil {
+				return fmt.Errorf("broker: delete queue %s: %w", r.Queue(c), err)
+			}
+		}
+		if err := ch.ExchangeDelete(r.exchange, false, false); err != nil {
+			return fmt.Errorf("broker: delete exchange %s: %w", r.exchange, err)
+		}
+		return nil
+	})
+}
+
+// onSideChannel runs fn on a channel of its own (declarations and deletions
+// that fail close their channel, so they never use the publishing one),
+// under the lock and on a live connection.
+func (r *RabbitMQ) onSideChannel(fn func(ch *amqp.Channel) error) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, err := r.channelLocked(); err != nil {
@@ -578,13 +569,5 @@ func (r *RabbitMQ) DeleteNamespace(consumers ...string) error {
 		return fmt.Errorf("broker: open channel: %w", err)
 	}
 	defer ch.Close()
-	for _, c := range consumers {
-		if _, err := ch.QueueDelete(r.Queue(c), false, false, false); err != nil {
-			return fmt.Errorf("broker: delete queue %s: %w", r.Queue(c), err)
-		}
-	}
-	if err := ch.ExchangeDelete(r.exchange, false, false); err != nil {
-		return fmt.Errorf("broker: delete exchange %s: %w", r.exchange, err)
-	}
-	return nil
+	return fn(ch)
 }
