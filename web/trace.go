@@ -264,12 +264,7 @@ func (a *App) traceEvents(ctx context.Context, b *traceBuilder, events []outbox.
 				fmt.Sprintf("message %s · %d effect row(s)", short(r.MessageID), r.Effects), "/inbox", "Inbox")
 		}
 	}
-	for _, e := range events {
-		if err := b.addAudit(ctx, a, auditTargetOutbox, e.ID.String()); err != nil {
-			return err
-		}
-	}
-	return nil
+	return b.addAudit(ctx, a, auditTargetOutbox, ids...)
 }
 
 // traceBuilder collects a trace's steps; data orders them and measures the
@@ -291,8 +286,9 @@ func (b *traceBuilder) add(at time.Time, kind, title, detail, link, linkText str
 	b.steps = append(b.steps, views.TraceStep{At: at, Kind: kind, Title: title, Detail: detail, Link: link, LinkText: linkText})
 }
 
-func (b *traceBuilder) addAudit(ctx context.Context, a *App, targetType, targetID string) error {
-	entries, err := audit.ForTarget(ctx, a.pool, targetType, targetID, traceAuditRows)
+// addAudit adds the audit rows about the targets (one statement for all).
+func (b *traceBuilder) addAudit(ctx context.Context, a *App, targetType string, targetIDs ...string) error {
+	entries, err := audit.ForTargets(ctx, a.pool, targetType, targetIDs, traceAuditRows)
 	if err != nil {
 		return err
 	}

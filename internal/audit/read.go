@@ -33,18 +33,28 @@ const MaxForTarget = 500
 // ForTarget lists the newest limit (at most MaxForTarget) audit rows about
 // one target, newest first, along audit_event_target_idx.
 func ForTarget(ctx context.Context, q Querier, targetType, targetID string, limit int) ([]Entry, error) {
+	return ForTargets(ctx, q, targetType, []string{targetID}, limit)
+}
+
+// ForTargets is ForTarget for several targets of one type in one statement
+// (the newest limit rows of each, one walk of audit_event_target_idx per
+// target), target by target in the order given, each newest first.
+func ForTargets(ctx context.Context, q Querier, targetType string, targetIDs []string, limit int) ([]Entry, error) {
 	if limit <= 0 || limit > MaxForTarget {
 		limit = MaxForTarget
 	}
 	rows, err := q.Query(ctx, `
-		SELECT seq, occurred_at, actor_iss, actor_sub, actor_name, actor_roles, action,
-		       before, after, reason, request_id, outcome, error_code
-		  FROM audit_event
-		 WHERE target_type = $1 AND target_id = $2
-		 ORDER BY seq DESC
-		 LIMIT $3`, targetType, targetID, limit)
+		SELECT a.seq, a.occurred_at, a.actor_iss, a.actor_sub, a.actor_name, a.actor_roles, a.action,
+		       a.before, a.after, a.reason, a.request_id, a.outcome, a.error_code
+		  FROM unnest($2::text[]) WITH ORDINALITY t(id, n)
+		 CROSS JOIN LATERAL (
+		        SELECT * FROM audit_event
+		         WHERE target_type = $1 AND target_id = t.id
+		         ORDER BY seq DESC
+		         LIMIT $3) a
+		 ORDER BY t.n, a.seq DESC`, targetType, targetIDs, limit)
 	if err != nil {
-		return nil, fmt.Errorf("audit: for target %s %s: %w", targetType, targetID, err)
+		return nil, fmt.Errorf("audit: for %d %s target(s): %w", len(targetIDs), targetType, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Entry, error) {
 		var e Entry
@@ -53,7 +63,7 @@ func ForTarget(ctx context.Context, q Querier, targetType, targetID string, limi
 		return e, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("audit: for target %s %s: %w", targetType, targetID, err)
+		return nil, fmt.Errorf("audit: for %d %s target(s): %w", len(targetIDs), targetType, err)
 	}
 	return out, nil
 }
