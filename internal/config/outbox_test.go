@@ -26,7 +26,7 @@ func TestRelayConfigDefaultsAndEnvTwins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.BatchSize != 100 || c.Lease != 30*time.Second || c.PollInterval != time.Second || c.MaxAttempts != 10 ||
+	if c.BatchSize != 500 || c.Lease != 30*time.Second || c.PollInterval != time.Second || c.MaxAttempts != 10 ||
 		!c.Ordering || c.BackoffBase != time.Second || c.BackoffCap != 5*time.Minute || c.Namespace != "sluice" {
 		t.Fatalf("defaults %+v", c)
 	}

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -50,10 +51,10 @@ func TestClaimPlanUsesThePendingIndex(t *testing.T) {
 			if _, err := tx.Exec(ctx, "PREPARE claim_generic (timestamptz, bigint, bigint, uuid, uuid, text[]) AS "+claimSQL(ordered)); err != nil {
 				t.Fatal(err)
 			}
-			rows, err = tx.Query(ctx, `EXPLAIN EXECUTE claim_generic (NULL, 100, 30000000, '00000000-0000-0000-0000-000000000001',
-				'00000000-0000-0000-0000-000000000000', '{paused}')`)
+			rows, err = tx.Query(ctx, fmt.Sprintf(`EXPLAIN EXECUTE claim_generic (NULL, %d, 30000000, '00000000-0000-0000-0000-000000000001',
+				'00000000-0000-0000-0000-000000000000', '{paused}')`, DefaultBatchSize))
 		} else {
-			rows, err = tx.Query(ctx, "EXPLAIN "+claimSQL(ordered), nil, 100, int64(30_000_000), "00000000-0000-0000-0000-000000000001",
+			rows, err = tx.Query(ctx, "EXPLAIN "+claimSQL(ordered), nil, DefaultBatchSize, int64(30_000_000), "00000000-0000-0000-0000-000000000001",
 				"00000000-0000-0000-0000-000000000000", []string{})
 		}
 		if err != nil {
@@ -225,9 +226,9 @@ func TestClaimPlanProbesByAggregateOnStaleStatistics(t *testing.T) {
 			if _, err := tx.Exec(ctx, "PREPARE claim_stale (timestamptz, bigint, bigint, uuid, uuid, text[]) AS "+claimSQL(true)); err != nil {
 				t.Fatal(err)
 			}
-			rows, err = tx.Query(ctx, `EXPLAIN EXECUTE claim_stale (NULL, 100, 30000000, '00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000000', '{}')`)
+			rows, err = tx.Query(ctx, fmt.Sprintf(`EXPLAIN EXECUTE claim_stale (NULL, %d, 30000000, '00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000000', '{}')`, DefaultBatchSize))
 		} else {
-			rows, err = tx.Query(ctx, "EXPLAIN "+claimSQL(true), nil, 100, int64(30_000_000), "00000000-0000-0000-0000-000000000001", uuid.Nil, []string{})
+			rows, err = tx.Query(ctx, "EXPLAIN "+claimSQL(true), nil, DefaultBatchSize, int64(30_000_000), "00000000-0000-0000-0000-000000000001", uuid.Nil, []string{})
 		}
 		if err != nil {
 			t.Fatal(err)

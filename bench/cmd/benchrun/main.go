@@ -5,6 +5,8 @@
 package main
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -29,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/outbox"
 )
 
 type options struct {
@@ -39,6 +42,7 @@ type options struct {
 	runs        int
 	relays      int
 	batch       int
+	relayBatch  int
 	pgbenchSecs int
 	out         string
 	systems     string
@@ -62,6 +66,7 @@ func main() {
 	flag.IntVar(&o.runs, "runs", 0, "runs per configuration (default 3; quick 1)")
 	flag.IntVar(&o.relays, "relays", 2, "relays (and bare-loop workers)")
 	flag.IntVar(&o.batch, "batch", 100, "relay and bare-loop batch size")
+	flag.IntVar(&o.relayBatch, "relay-batch", outbox.DefaultBatchSize, "R1: the relay's batch size (default: the product's default, RELAY_BATCH_SIZE); the bare loop keeps -batch, as issue 12 defines it")
 	flag.IntVar(&o.pgbenchSecs, "pgbench-seconds", 0, "pgbench -N duration (default 20; quick 8; 0 skips with -pgbench-seconds=-1)")
 	flag.StringVar(&o.out, "out", "results/latest.json", "JSON results file")
 	flag.StringVar(&o.systems, "systems", "", "comma list of systems to run (default all): relay (with relay-bulk, the relay under a bulk job),bare,river,watermill,payments (P1),consume,consume-drain")
@@ -105,6 +110,11 @@ type runResult struct {
 	StmtsPerEv    float64 `json:"statements_per_event,omitempty"` // pg_stat_statements, when loaded
 	HOTPercent    float64 `json:"hot_update_percent"`
 	WALBytesPerEv float64 `json:"wal_bytes_per_event_clusterwide"` // includes other users of the server
+	// DBCPUPerEv is the CPU the database's backends of this system's
+	// database used per event (µs): what the statements cost the server,
+	// which a busy machine's scheduling does not inflate the way it does
+	// wall-clock rates. Autovacuum workers on the database count too.
+	DBCPUPerEv float64 `json:"db_backend_cpu_us_per_event"`
 }
 
 type config struct {
@@ -240,18 +250,19 @@ func run(ctx context.Context, o options) error {
 		if err := migrateSluice(ctx, pool); err != nil {
 			return fmt.Errorf("migrate sluice: %w", err)
 		}
+		rb := cmp.Or(o.relayBatch, o.batch) // the relay's batch, with and without a bulk job (B1 compares the two)
 		if want(o.systems, "relay") {
-			systems = append(systems, system{kind: "relay", config: fmt.Sprintf("%d relays, batch %d, ordered", o.relays, o.batch), rows: o.rows, pool: pool,
+			systems = append(systems, system{kind: "relay", config: fmt.Sprintf("%d relays, batch %d, ordered", o.relays, rb), rows: o.rows, pool: pool,
 				preload: preloadOutbox, table: "outbox_event",
 				run: func(ctx context.Context, p *pgxpool.Pool, pub broker.Publisher, n int) (time.Duration, error) {
-					return runRelay(ctx, p, pub, n, o.relays, o.batch, true)
+					return runRelay(ctx, p, pub, n, o.relays, rb, true)
 				}})
 		}
 		if want(o.systems, "relay") && os.Getenv("BENCH_NO_BULK") == "" {
-			systems = append(systems, system{kind: "relay-bulk", config: fmt.Sprintf("%d relays, batch %d, ordered, while a bulk job discards %d× as many dead events", o.relays, o.batch, bulkDeadFactor),
+			systems = append(systems, system{kind: "relay-bulk", config: fmt.Sprintf("%d relays, batch %d, ordered, while a bulk job discards %d× as many dead events", o.relays, rb, bulkDeadFactor),
 				rows: o.rows, pool: pool, preload: preloadOutboxAndJob, table: "outbox_event",
 				run: func(ctx context.Context, p *pgxpool.Pool, pub broker.Publisher, n int) (time.Duration, error) {
-					return runRelayUnderJob(ctx, p, pub, n, o.relays, o.batch)
+					return runRelayUnderJob(ctx, p, pub, n, o.relays, rb)
 				}})
 		}
 		if want(o.systems, "bare") {
@@ -389,12 +400,17 @@ func run(ctx context.Context, o options) error {
 					return err
 				}
 				cpu0 := cpuTime()
+				db0, err := backendCPU(ctx, s.pool)
+				if err != nil {
+					return err
+				}
 				// 15 minutes per 200,000 events (C1's 1,000,000-event check
 				// needs more on a loaded machine).
 				rctx, cancel := context.WithTimeout(ctx, max(15*time.Minute, time.Duration(s.rows/200000)*15*time.Minute))
 				el, err := s.run(rctx, s.pool, sk, s.rows)
 				cancel()
 				cpu := cpuTime() - cpu0
+				db1, dbErr := backendCPU(ctx, s.pool)
 				if prof != nil {
 					pprof.StopCPUProfile()
 					prof.Close()
@@ -402,23 +418,31 @@ func run(ctx context.Context, o options) error {
 				if err != nil {
 					return fmt.Errorf("%s run %d: %w", key, r+1, err)
 				}
+				if dbErr != nil {
+					return dbErr
+				}
 				after, err := snapshot(ctx, s.pool, s.table, pgss[s.pool])
 				if err != nil {
 					return err
 				}
 				n := float64(s.rows)
+				var dbCPU time.Duration
+				for pid, t := range db1 {
+					dbCPU += t - db0[pid] // a backend started during the run counts whole
+				}
 				rr := runResult{
 					Seconds: el.Seconds(), EventsPerSec: n / el.Seconds(), CPUSecs: cpu.Seconds(),
 					CommitsPerEv:  float64(after.commits-before.commits) / n,
 					StmtsPerEv:    float64(after.stmts-before.stmts) / n,
 					WALBytesPerEv: float64(after.wal-before.wal) / n,
+					DBCPUPerEv:    float64(dbCPU.Microseconds()) / n,
 				}
 				if upd := after.upd - before.upd; upd > 0 {
 					rr.HOTPercent = 100 * float64(after.hot-before.hot) / float64(upd)
 				}
 				c.Runs = append(c.Runs, rr)
-				fmt.Printf("  run %d  %-5s %-9s %-45s %7d ev in %6.2fs = %8.0f ev/s  cpu %.1fs  commits/ev %.3f  HOT %.0f%%\n",
-					r+1, sk.name(), s.kind, s.config, s.rows, el.Seconds(), rr.EventsPerSec, rr.CPUSecs, rr.CommitsPerEv, rr.HOTPercent)
+				fmt.Printf("  run %d  %-5s %-9s %-45s %7d ev in %6.2fs = %8.0f ev/s  cpu %.1fs  db cpu %.0f µs/ev  commits/ev %.3f  HOT %.0f%%\n",
+					r+1, sk.name(), s.kind, s.config, s.rows, el.Seconds(), rr.EventsPerSec, rr.CPUSecs, rr.DBCPUPerEv, rr.CommitsPerEv, rr.HOTPercent)
 			}
 		}
 	}
@@ -549,6 +573,38 @@ func snapshot(ctx context.Context, pool *pgxpool.Pool, table string, pgss bool) 
 		}
 	}
 	return s, nil
+}
+
+// backendCPU reads the CPU time (user + system) of every backend connected
+// to pool's database, by process id, from /proc (the server runs on this
+// machine). A backend that exits before the second reading is lost; the
+// systems' pools keep their connections for the whole run.
+func backendCPU(ctx context.Context, pool *pgxpool.Pool) (map[int]time.Duration, error) {
+	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
+	if err != nil {
+		return nil, fmt.Errorf("backend cpu: %w", err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, fmt.Errorf("backend cpu: %w", err)
+	}
+	out := make(map[int]time.Duration, len(pids))
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // exited, or a server on another machine: nothing to read
+		}
+		// Fields after the command's closing parenthesis: utime and stime
+		// are the 12th and 13th (clock ticks of 10 ms on Linux).
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		out[int(pid)] = time.Duration(ut+st) * 10 * time.Millisecond
+	}
+	return out, nil
 }
 
 func cpuTime() time.Duration {
