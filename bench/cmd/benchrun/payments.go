@@ -8,6 +8,7 @@ package main
 // Then an open loop at half the measured rate for the latency.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -45,24 +47,31 @@ const paymentsGoal = 0.35
 const paymentsP99Goal = 50 * time.Millisecond
 
 type paymentsRun struct {
-	Load            string  `json:"loadavg"`
-	PgbenchTPS      float64 `json:"pgbench_N_tps"`
-	PaymentsPerSec  float64 `json:"payments_per_sec"` // new payments answered 201
-	RequestsPerSec  float64 `json:"requests_per_sec"` // retries included
-	Ratio           float64 `json:"ratio"`
-	ClosedP50Ms     float64 `json:"closed_loop_p50_ms"`
-	ClosedP99Ms     float64 `json:"closed_loop_p99_ms"`
-	CommitsPerPay   float64 `json:"commits_per_payment"`    // pg_stat_database.xact_commit delta ÷ new payments (workers included)
-	StmtsPerPay     float64 `json:"statements_per_payment"` // sent by the service's pool (pgx tracer), BEGIN and COMMIT included
-	PoolWaitMsPay   float64 `json:"pool_wait_ms_per_payment"`
-	ProviderMs      float64 `json:"provider_call_mean_ms"`
-	CPUMsPerPay     float64 `json:"bench_process_cpu_ms_per_payment"` // clients, service and simulator
-	OpenRate        float64 `json:"open_loop_rate"`
-	OpenP50Ms       float64 `json:"open_loop_p50_ms"`
-	OpenP99Ms       float64 `json:"open_loop_p99_ms"`
-	OpenErrors      int64   `json:"open_loop_errors"`
-	Errors          int64   `json:"errors"`
-	RetriesReplayed int64   `json:"retries_replayed"`
+	Load           string  `json:"loadavg"`
+	PgbenchTPS     float64 `json:"pgbench_N_tps"`
+	PaymentsPerSec float64 `json:"payments_per_sec"` // new payments answered 201
+	RequestsPerSec float64 `json:"requests_per_sec"` // retries included
+	Ratio          float64 `json:"ratio"`
+	ClosedP50Ms    float64 `json:"closed_loop_p50_ms"`
+	ClosedP99Ms    float64 `json:"closed_loop_p99_ms"`
+	CommitsPerPay  float64 `json:"commits_per_payment"`    // pg_stat_database.xact_commit delta ÷ new payments (workers included)
+	StmtsPerPay    float64 `json:"statements_per_payment"` // sent by the service's pool (pgx tracer), BEGIN and COMMIT included
+	PoolWaitMsPay  float64 `json:"pool_wait_ms_per_payment"`
+	ProviderMs     float64 `json:"provider_call_mean_ms"`
+	CPUMsPerPay    float64 `json:"bench_process_cpu_ms_per_payment"` // clients, service and simulator
+	// The database server's CPU (every postgres process, exited backends
+	// included) per pgbench -N transaction and per payment, in the same
+	// phases: what a payment costs the database in pgbench transactions,
+	// whatever the bench process's own CPU takes from the shared cores.
+	ServerCPUMsPerTx  float64 `json:"server_cpu_ms_per_pgbench_tx"`
+	ServerCPUMsPerPay float64 `json:"server_cpu_ms_per_payment"`
+	BenchCPUMsPerTx   float64 `json:"pgbench_process_cpu_ms_per_tx"`
+	OpenRate          float64 `json:"open_loop_rate"`
+	OpenP50Ms         float64 `json:"open_loop_p50_ms"`
+	OpenP99Ms         float64 `json:"open_loop_p99_ms"`
+	OpenErrors        int64   `json:"open_loop_errors"`
+	Errors            int64   `json:"errors"`
+	RetriesReplayed   int64   `json:"retries_replayed"`
 }
 
 type paymentsReport struct {
@@ -162,16 +171,25 @@ func runPaymentsWorkload(ctx context.Context, o options, admin *pgx.Conn, suffix
 		// The service's idle connections are closed while pgbench runs: a
 		// shared server's max_connections is not ours alone.
 		env.pool.Reset()
+		srv0, self0 := serverCPU(), childCPU()
 		if run.PgbenchTPS, err = pgbenchN(ctx, pgbURL, clients, secs); err != nil {
 			return err
 		}
+		pgbTx := run.PgbenchTPS * float64(secs)
+		srvTx := float64((serverCPU() - srv0).Microseconds()) / 1000 / pgbTx
+		benchTx := float64((childCPU() - self0).Microseconds()) / 1000 / pgbTx
 		if _, err := env.closedLoop(ctx, time.Second); err != nil { // reconnect, prepare
 			return err
 		}
+		srv0 = serverCPU()
 		res, err := env.closedLoop(ctx, time.Duration(secs)*time.Second)
 		if err != nil {
 			return err
 		}
+		if n := res.PaymentsPerSec * float64(secs); n > 0 {
+			res.ServerCPUMsPerPay = float64((serverCPU() - srv0).Microseconds()) / 1000 / n
+		}
+		res.ServerCPUMsPerTx, res.BenchCPUMsPerTx = srvTx, benchTx
 		res.Load, res.PgbenchTPS = run.Load, run.PgbenchTPS
 		res.Ratio = res.PaymentsPerSec / res.PgbenchTPS
 		res.OpenRate = res.PaymentsPerSec / 2
@@ -179,9 +197,9 @@ func runPaymentsWorkload(ctx context.Context, o options, admin *pgx.Conn, suffix
 			return err
 		}
 		pr.Runs = append(pr.Runs, res)
-		fmt.Printf("  P1 run %d  pgbench -N %d clients %6.0f TPS | payments %6.0f/s (%.0f req/s) = %.3f× | closed p50 %.1f ms p99 %.1f ms | commits/pay %.2f stmts/pay %.1f pool wait %.2f ms/pay provider %.2f ms cpu %.2f ms/pay | open loop %.0f/s p50 %.1f ms p99 %.1f ms (errors %d) | load %s\n",
+		fmt.Printf("  P1 run %d  pgbench -N %d clients %6.0f TPS | payments %6.0f/s (%.0f req/s) = %.3f× | closed p50 %.1f ms p99 %.1f ms | commits/pay %.2f stmts/pay %.1f pool wait %.2f ms/pay provider %.2f ms cpu %.2f ms/pay | open loop %.0f/s p50 %.1f ms p99 %.1f ms (errors %d) | server cpu %.2f ms/pay, %.2f ms/pgbench tx (pgbench itself %.2f ms/tx) | load %s\n",
 			r+1, clients, res.PgbenchTPS, res.PaymentsPerSec, res.RequestsPerSec, res.Ratio, res.ClosedP50Ms, res.ClosedP99Ms,
-			res.CommitsPerPay, res.StmtsPerPay, res.PoolWaitMsPay, res.ProviderMs, res.CPUMsPerPay, res.OpenRate, res.OpenP50Ms, res.OpenP99Ms, res.OpenErrors, res.Load)
+			res.CommitsPerPay, res.StmtsPerPay, res.PoolWaitMsPay, res.ProviderMs, res.CPUMsPerPay, res.OpenRate, res.OpenP50Ms, res.OpenP99Ms, res.OpenErrors, res.ServerCPUMsPerPay, res.ServerCPUMsPerTx, res.BenchCPUMsPerTx, res.Load)
 	}
 	var ratios, p99s []float64
 	for _, r := range pr.Runs {
@@ -448,4 +466,46 @@ func pgbenchN(ctx context.Context, url string, clients, secs int) (float64, erro
 		return 0, fmt.Errorf("pgbench: no tps in %s", out)
 	}
 	return strconv.ParseFloat(string(f[1]), 64)
+}
+
+// serverCPU is the CPU time of the PostgreSQL server on this machine: every
+// process named postgres (user + system), plus the children they reaped —
+// the postmaster reaps exited backends, so pgbench's connections, gone when
+// it ends, still count. Other databases' work on the server counts too: read
+// it on a quiet machine.
+func serverCPU() time.Duration {
+	dirs, _ := os.ReadDir("/proc")
+	var total int64
+	for _, d := range dirs {
+		pid := d.Name()
+		if pid[0] < '0' || pid[0] > '9' {
+			continue
+		}
+		comm, err := os.ReadFile("/proc/" + pid + "/comm")
+		if err != nil || strings.TrimSpace(string(comm)) != "postgres" {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			continue
+		}
+		// After the command's closing parenthesis: utime, stime, cutime and
+		// cstime are the 12th to 15th fields (clock ticks of 10 ms).
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 15 {
+			continue
+		}
+		for _, v := range f[11:15] {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			total += n
+		}
+	}
+	return time.Duration(total) * 10 * time.Millisecond
+}
+
+// childCPU is the CPU time of the bench's exited child processes (pgbench).
+func childCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
