@@ -24,6 +24,14 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 
 // OpenConfig is Open for a parsed configuration (tests tune pool sizes).
 func OpenConfig(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
+	after := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		registerTypes(c.TypeMap())
+		if after != nil {
+			return after(ctx, c)
+		}
+		return nil
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to database: %w", err)

@@ -17,3 +17,9 @@ func MigrateTo(ctx context.Context, pool *pgxpool.Pool, version int64) error {
 	_, err = p.UpTo(ctx, version)
 	return err
 }
+
+// RegisterTypes is registerTypes, for the type map test.
+var RegisterTypes = registerTypes
+
+// WrapUUIDPlan is the binary uuid plan's type, for the type map test.
+type WrapUUIDPlan = wrapUUIDPlan
