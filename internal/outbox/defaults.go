@@ -19,6 +19,11 @@ const (
 	DefaultPublishConcurrency = 8
 	DefaultBackoffBase        = time.Second
 	DefaultBackoffCap         = 5 * time.Minute
+	// DefaultOutagePauseCap bounds the relay's pause while the broker is
+	// unreachable (RelayConfig.OutagePauseCap): one probe per relay every
+	// 5 s at most during a long outage, and the broker's return noticed
+	// within 5 s.
+	DefaultOutagePauseCap = 5 * time.Second
 	// DefaultRetention is how long published events are kept before
 	// Prune deletes them.
 	DefaultRetention = 7 * 24 * time.Hour

@@ -34,7 +34,7 @@ type Publisher interface {
 // RelayConfig tunes a Relay. The zero value of every field is its default.
 type RelayConfig struct {
 	Name               string        // for logs (default "relay")
-	BatchSize          int           // events claimed per statement (default 100)
+	BatchSize          int           // events claimed per statement (default DefaultBatchSize)
 	Lease              time.Duration // how long a claim is held before another relay may take over (default 30s)
 	PollInterval       time.Duration // longest sleep between claims when idle (default 1s)
 	MaxAttempts        int           // failed attempts before an event goes dead (default 10)
@@ -43,6 +43,10 @@ type RelayConfig struct {
 	PublishConcurrency int           // aggregates published in parallel within a batch (default 8)
 	PublishTimeout     time.Duration // per publish; at most Lease/2, else Lease/3 (the default)
 	DisableListen      bool          // true: poll only, no LISTEN wake-up
+	// OutagePauseCap is the longest Run pauses between two claims while the
+	// broker cannot be reached (default DefaultOutagePauseCap, never above
+	// Backoff.Cap): how long after the broker is back it may take to notice.
+	OutagePauseCap time.Duration
 	// Shards > 0 publishes each event on the shard of its aggregate
 	// (broker.ShardOf), so consumers can read shards in parallel and still
 	// see each aggregate in order; consumers must use the same count. 0:
@@ -78,6 +82,10 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.PublishConcurrency <= 0 {
 		c.PublishConcurrency = DefaultPublishConcurrency
 	}
+	if c.OutagePauseCap <= 0 {
+		c.OutagePauseCap = DefaultOutagePauseCap
+	}
+	c.OutagePauseCap = min(c.OutagePauseCap, c.Backoff.Cap)
 	if c.PublishTimeout <= 0 || c.PublishTimeout > c.Lease/2 {
 		c.PublishTimeout = c.Lease / 3
 	}
@@ -257,6 +265,11 @@ type BatchResult struct {
 	Deferred     int // not attempted: an earlier event of the aggregate failed in this batch, or shutdown
 	Lost         int // published, but the mark found the lease gone: another relay owns them now
 	LeaseExpired int // claimed rows whose previous lease had expired
+	// Unavailable counts publishes refused because the broker could not be
+	// reached (broker.ErrUnavailable): given back at once with their
+	// attempt, claimable again, never backed off (the relay pauses instead).
+	Unavailable int
+	OutageRun   int // batches in a row that met the outage (0: the broker answered)
 }
 
 // nowArg is the claim's clock: nil lets the database decide.
@@ -343,7 +356,11 @@ type outcome struct {
 	published   []claimed
 	failed      []failure
 	deferred    []claimed // held back behind a failed earlier event of their aggregate
-	interrupted []claimed // not attempted (shutdown, lease running out): released as they were
+	interrupted []claimed // not attempted (shutdown, lease running out, broker down): released as they were
+	// down is set by the first publish that met a broker outage: the rest
+	// of the batch is not tried (each try would wait for its own timeout or
+	// refusal to say the same thing).
+	down atomic.Bool
 }
 
 // claimedBatch is one claim, waiting to be published and recorded.
@@ -410,17 +427,32 @@ func (r *Relay) process(ctx context.Context, cb claimedBatch) (BatchResult, erro
 		r.stats.lost.Add(int64(res.Lost))
 	}
 	var deferDelay time.Duration
-	// Batches in a row that met an unreachable broker: their events' waits
-	// grow with it (one step per batch, not per event).
-	outageRun := 0
+	// A broker that cannot be reached says nothing about the events: they
+	// are given back at once, attempt included, in one statement, and Run
+	// pauses the relay (longer with each batch in a row that meets the
+	// outage) instead of pushing the events into the future. Backing the
+	// events off made a fast-failing outage (a refused connection) park a
+	// whole backlog batch by batch, each with a longer wait, up to the
+	// 5-minute cap: minutes after the broker was back (bench R4).
+	var unavailable []failure
+	failed := out.failed[:0:0]
 	for _, f := range out.failed {
 		if errors.Is(f.err, broker.ErrUnavailable) {
-			outageRun = int(r.outage.Add(1))
-			break
+			unavailable = append(unavailable, f)
+		} else {
+			failed = append(failed, f)
 		}
 	}
-	for _, f := range out.failed {
-		dead, delay, lost, err := r.recordFailure(dctx, f, token, outageRun)
+	if len(unavailable) > 0 {
+		res.OutageRun = int(r.outage.Add(1))
+		if err := r.giveBack(dctx, unavailable, token); err != nil {
+			errs = append(errs, err)
+		} else {
+			res.Unavailable = len(unavailable)
+		}
+	}
+	for _, f := range failed {
+		dead, delay, lost, err := r.recordFailure(dctx, f, token)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -488,7 +520,7 @@ func (r *Relay) publish(ctx context.Context, batch []claimed, stopAt time.Time) 
 
 func (r *Relay) publishGroup(ctx context.Context, g []claimed, out *outcome, stopAt time.Time) {
 	for i, ev := range g {
-		if ctx.Err() != nil || time.Now().After(stopAt) {
+		if ctx.Err() != nil || time.Now().After(stopAt) || out.down.Load() {
 			out.add(func() { out.interrupted = append(out.interrupted, g[i:]...) })
 			return
 		}
@@ -507,6 +539,9 @@ func (r *Relay) publishGroup(ctx context.Context, g []claimed, out *outcome, sto
 			out.add(func() { out.interrupted = append(out.interrupted, g[i:]...) })
 			return
 		default:
+			if errors.Is(err, broker.ErrUnavailable) {
+				out.down.Store(true)
+			}
 			out.add(func() {
 				out.failed = append(out.failed, failure{ev: ev, err: err})
 				out.deferred = append(out.deferred, g[i+1:]...)
@@ -526,7 +561,7 @@ func (r *Relay) publishGroup(ctx context.Context, g []claimed, out *outcome, sto
 func (r *Relay) publishWaves(ctx context.Context, bp broker.BatchPublisher, groups [][]claimed, out *outcome, stopAt time.Time) {
 	var msgs []broker.Message
 	for k := 0; len(groups) > 0; k++ {
-		if ctx.Err() != nil || time.Now().After(stopAt) {
+		if ctx.Err() != nil || time.Now().After(stopAt) || out.down.Load() {
 			for _, g := range groups {
 				out.interrupted = append(out.interrupted, g[k:]...)
 			}
@@ -571,6 +606,9 @@ func (r *Relay) publishWaves(ctx context.Context, bp broker.BatchPublisher, grou
 			case ctx.Err() != nil:
 				out.interrupted = append(out.interrupted, g[k:]...)
 			default:
+				if errors.Is(err, broker.ErrUnavailable) {
+					out.down.Store(true)
+				}
 				out.failed = append(out.failed, failure{ev: g[k], err: err})
 				out.deferred = append(out.deferred, g[k+1:]...)
 			}
@@ -683,34 +721,32 @@ func (r *Relay) markPublished(ctx context.Context, evs []claimed, token uuid.UUI
 
 const maxErrorText = 2000
 
-// recordFailure stores the error and backs the event off, or moves it to
-// dead after its last allowed attempt. It also needs our lease token.
-func (r *Relay) recordFailure(ctx context.Context, f failure, token uuid.UUID, outageRun int) (dead bool, delay time.Duration, lost bool, err error) {
-	r.m.failures.Inc()
-	r.stats.failed.Add(1)
-	msg := f.err.Error()
+// errorText is a publish error as stored in last_error.
+func errorText(err error) string {
+	msg := err.Error()
 	if len(msg) > maxErrorText {
 		msg = msg[:maxErrorText]
 	}
-	// A broker that cannot be reached says nothing about the event: the
-	// attempt is given back (the event never dies of an outage), and the
-	// wait grows with the relay's run of such failures instead.
-	unavailable := errors.Is(f.err, broker.ErrUnavailable)
-	n := f.ev.Attempts
-	if unavailable {
-		n = max(n, outageRun)
-	}
-	delay = r.cfg.Backoff.Delay(n)
+	return msg
+}
+
+// recordFailure stores the error and backs the event off, or moves it to
+// dead after its last allowed attempt. It also needs our lease token. An
+// outage never comes here (giveBack): it is not the event's failure.
+func (r *Relay) recordFailure(ctx context.Context, f failure, token uuid.UUID) (dead bool, delay time.Duration, lost bool, err error) {
+	r.m.failures.Inc()
+	r.stats.failed.Add(1)
+	msg := errorText(f.err)
+	delay = r.cfg.Backoff.Delay(f.ev.Attempts)
 	var status string
 	err = r.pool.QueryRow(ctx, `
 		WITH t AS (SELECT coalesce($5::timestamptz, statement_timestamp()) AS now,
-		                  NOT $7::boolean AND e0.attempts >= $4 AS dies
+		                  e0.attempts >= $4 AS dies
 		             FROM outbox_event e0 WHERE e0.id = $1)
 		UPDATE outbox_event e
 		   SET last_error   = $3,
 		       locked_until = NULL,
 		       lock_token   = NULL,
-		       attempts     = CASE WHEN $7 THEN greatest(e.attempts - 1, 0) ELSE e.attempts END,
 		       status       = CASE WHEN t.dies THEN 'dead' ELSE 'pending' END,
 		       dead_at      = CASE WHEN t.dies THEN t.now END,
 		       dead_reason  = CASE WHEN t.dies THEN 'max attempts reached (' || e.attempts || ')' END,
@@ -719,7 +755,7 @@ func (r *Relay) recordFailure(ctx context.Context, f failure, token uuid.UUID, o
 		  FROM t
 		 WHERE e.id = $1 AND e.lock_token = $2 AND e.status = 'pending'
 		RETURNING e.status`,
-		f.ev.ID, token, msg, r.cfg.MaxAttempts, r.nowArg(), delay.Microseconds(), unavailable).Scan(&status)
+		f.ev.ID, token, msg, r.cfg.MaxAttempts, r.nowArg(), delay.Microseconds()).Scan(&status)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Our lease is gone: whoever holds the event now decides its fate.
 		r.stats.lost.Add(1)
@@ -736,6 +772,39 @@ func (r *Relay) recordFailure(ctx context.Context, f failure, token uuid.UUID, o
 	}
 	r.log.Warn("outbox: publish failed; backing off", "id", f.ev.ID, "topic", f.ev.Topic, "attempts", f.ev.Attempts, "retry_in", delay, "err", msg)
 	return false, delay, false, nil
+}
+
+// giveBack returns events whose publish met a broker outage: no attempt
+// counted, claimable again at once, the outage as their last error (what
+// the console shows), in one statement for the whole batch. The relay
+// pauses instead (Run), so the events are never pushed into the future: when
+// the broker is back, the first relay that probes takes them.
+func (r *Relay) giveBack(ctx context.Context, fs []failure, token uuid.UUID) error {
+	ids := make([]uuid.UUID, len(fs))
+	for i, f := range fs {
+		ids[i] = f.ev.ID
+	}
+	r.m.failures.Add(float64(len(fs)))
+	r.stats.failed.Add(int64(len(fs)))
+	msg := errorText(fs[0].err)
+	if _, err := r.pool.Exec(ctx, `
+		UPDATE outbox_event
+		   SET locked_until = NULL, lock_token = NULL, attempts = greatest(attempts - 1, 0), last_error = $3
+		 WHERE id = ANY($1) AND lock_token = $2 AND status = 'pending'`, ids, token, msg); err != nil {
+		return fmt.Errorf("outbox: give back %d events after a broker outage: %w", len(ids), err)
+	}
+	r.log.Warn("outbox: broker unavailable; events given back, relay pausing", "count", len(ids), "outage_batches", r.outage.Load(), "err", msg)
+	return nil
+}
+
+// outagePause is how long Run waits before claiming again after the run-th
+// batch in a row met a broker outage: the backoff schedule, capped at
+// OutagePauseCap, so a long outage costs one probe per relay per pause and
+// the relay notices the broker's return within one pause.
+func (r *Relay) outagePause(run int) time.Duration {
+	b := r.cfg.Backoff
+	b.Cap = r.cfg.OutagePauseCap
+	return b.Delay(run)
 }
 
 // release gives events back without counting an attempt, not before delay.
@@ -808,6 +877,30 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			r.log.Info("outbox: relay stopped", "published", r.stats.published.Load())
 			return nil
+		}
+		if res.Unavailable > 0 {
+			// The broker cannot be reached: give back what was claimed
+			// ahead without trying it, and pause before the next claim,
+			// whatever NOTIFYs say (they mean more events, not a broker).
+			if ahead != nil {
+				if cb := <-ahead; cb.err == nil {
+					dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+					if err := r.release(dctx, cb.events, cb.token, 0); err != nil {
+						r.log.Warn("outbox: release the batch claimed ahead", "err", err)
+					}
+					cancel()
+				}
+				ahead = nil
+			}
+			t := time.NewTimer(r.outagePause(res.OutageRun))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				r.log.Info("outbox: relay stopped", "published", r.stats.published.Load())
+				return nil
+			case <-t.C:
+			}
+			continue
 		}
 		if err != nil {
 			r.log.Warn("outbox: relay cycle failed", "err", err)

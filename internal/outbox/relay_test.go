@@ -578,10 +578,11 @@ func TestRelayStopsCleanlyMidBatch(t *testing.T) {
 }
 
 // A broker outage is not the events' fault: publishes that fail with
-// broker.ErrUnavailable back off (longer with each batch that meets the
-// outage) but never spend the events' attempts, so however long the outage
-// lasts nothing is dead-lettered, the aggregates' later events keep waiting
-// behind their heads, and everything flows in order once the broker is back.
+// broker.ErrUnavailable never spend the events' attempts and never push them
+// into the future (the relay pauses instead, see
+// TestRelayPausesDuringOutageAndResumes), so however long the outage lasts
+// nothing is dead-lettered, the aggregates' later events keep waiting behind
+// their heads, and everything flows in order once the broker is back.
 func TestBrokerOutageNeverDeadLetters(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
@@ -609,35 +610,38 @@ func TestBrokerOutageNeverDeadLetters(t *testing.T) {
 			heads[e.ID] = true
 		}
 	}
-	var waits []time.Duration
 	for round := 1; round <= 4*maxAttempts; round++ {
 		res, err := r.RunOnce(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Claimed != len(heads) || res.Failed != len(heads) || res.Dead != 0 {
-			t.Fatalf("round %d: %+v, want the %d heads claimed and failed, none dead", round, res, len(heads))
+		// The first refusal stops the batch: the heads still unsent are
+		// given back as they were (Deferred), never tried.
+		if res.Claimed != len(heads) || res.Unavailable < 1 || res.Unavailable+res.Deferred != len(heads) ||
+			res.Failed != 0 || res.Dead != 0 || res.OutageRun != round {
+			t.Fatalf("round %d: %+v, want the %d heads claimed, refused or given back untried, none failed or dead, outage run %d",
+				round, res, len(heads), round)
 		}
-		var wait time.Duration
+		refused := 0
 		for id := range heads {
 			row, err := outbox.Get(ctx, pool, id)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if row.Status != outbox.StatusPending || row.Attempts != 0 || row.LastError == nil || !strings.Contains(*row.LastError, "unavailable") {
-				t.Fatalf("round %d: head %s is %s with %d attempts (%v); want pending, no attempt spent, the outage as last error",
-					round, id, row.Status, row.Attempts, row.LastError)
+			if row.Status != outbox.StatusPending || row.Attempts != 0 || row.AvailableAt.After(clk.Now()) || row.LockedUntil != nil {
+				t.Fatalf("round %d: head %s is %s with %d attempts, available at %s (now %s), locked until %v; want pending, no attempt spent, claimable now",
+					round, id, row.Status, row.Attempts, row.AvailableAt, clk.Now(), row.LockedUntil)
 			}
-			wait = row.AvailableAt.Sub(clk.Now())
+			if row.LastError != nil && strings.Contains(*row.LastError, "unavailable") {
+				refused++
+			}
 		}
-		waits = append(waits, wait)
-		clk.Advance(wait)
+		if refused < 1 {
+			t.Fatalf("round %d: no head carries the outage as its last error", round)
+		}
 	}
 	if len(log.all()) != 0 || statusCounts(t, pool)[outbox.StatusDead] != 0 {
 		t.Fatalf("during the outage: %d published, statuses %v", len(log.all()), statusCounts(t, pool))
-	}
-	if waits[0] != backoff.Delay(1) || waits[2] != backoff.Delay(3) || waits[len(waits)-1] != backoff.Delay(100) {
-		t.Fatalf("waits %v: want them to grow per batch from %s to the cap %s", waits, backoff.Delay(1), backoff.Delay(100))
 	}
 
 	down.Store(false)
@@ -652,6 +656,94 @@ func TestBrokerOutageNeverDeadLetters(t *testing.T) {
 	}
 	if c := statusCounts(t, pool); c[outbox.StatusPublished] != len(events) {
 		t.Fatalf("after the outage: %v, want all %d published", c, len(events))
+	}
+	last := map[string]int64{}
+	for _, p := range log.all() {
+		if p.Msg.AggregateSeq != last[p.Msg.AggregateID]+1 {
+			t.Fatalf("%s #%d published after #%d", p.Msg.AggregateID, p.Msg.AggregateSeq, last[p.Msg.AggregateID])
+		}
+		last[p.Msg.AggregateID] = p.Msg.AggregateSeq
+	}
+}
+
+// During a broker outage the relay pauses, not the events: after a batch
+// meets the outage, Run claims nothing more until its pause ends (here an
+// hour: nothing more is tried, and the events stay given back, claimable by
+// any relay), and it stops at once when asked. With a short pause it finds
+// the broker back and publishes everything in order, each event on its
+// first counted attempt: a fast-failing outage (a refused connection) used
+// to push the events' own retry times out batch by batch, up to the 5-minute
+// backoff cap, parking a whole backlog long after the broker was back.
+func TestRelayPausesDuringOutageAndResumes(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	events := bulkInsert(t, pool, "pause", 50, 2)
+	var calls atomic.Int64
+	refuseFirst := int64(1 << 62)
+	log := &pubLog{}
+	pub := &memPublisher{name: "r", log: log, before: func(context.Context, broker.Message) error {
+		if calls.Add(1) <= atomic.LoadInt64(&refuseFirst) {
+			return fmt.Errorf("%w: connection refused", broker.ErrUnavailable)
+		}
+		return nil
+	}}
+	leased := func() int {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_event WHERE locked_until IS NOT NULL`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	// An hour's pause: one batch is tried, then nothing until the end.
+	long, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Name: "long", PollInterval: 5 * time.Millisecond, DisableListen: true,
+		Backoff: outbox.Backoff{Base: time.Hour, Cap: time.Hour}, OutagePauseCap: time.Hour}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- long.Run(ctx) }()
+	testkit.Until(t, "the first batch refused and given back", func() bool { return calls.Load() > 0 && leased() == 0 })
+	after := calls.Load()
+	time.Sleep(300 * time.Millisecond) // long enough for many claims if the relay did not pause
+	if c, l := calls.Load(), leased(); c != after || l != 0 {
+		t.Fatalf("while pausing: %d publish calls (was %d), %d events leased; want no new claim or publish", c, after, l)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return while pausing for the outage")
+	}
+
+	// A short pause: the broker refuses 20 more publishes, then is back.
+	atomic.StoreInt64(&refuseFirst, calls.Load()+20)
+	short, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Name: "short", PollInterval: 5 * time.Millisecond, DisableListen: true,
+		Backoff: outbox.Backoff{Base: 5 * time.Millisecond, Cap: time.Hour}, OutagePauseCap: 20 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := short.Config().OutagePauseCap; got != 20*time.Millisecond {
+		t.Fatalf("OutagePauseCap %s, want 20ms", got)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- short.Run(ctx) }()
+	testkit.Until(t, "every event published after the outage", func() bool {
+		return statusCounts(t, pool)[outbox.StatusPublished] == len(events)
+	})
+	cancel()
+	<-done
+	var spent int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_event WHERE attempts <> 1`).Scan(&spent); err != nil {
+		t.Fatal(err)
+	}
+	if spent != 0 {
+		t.Fatalf("%d events published with attempts other than 1: the outage spent attempts", spent)
 	}
 	last := map[string]int64{}
 	for _, p := range log.all() {
