@@ -258,7 +258,21 @@ func r2Relay(ctx context.Context, e *workloadEnv, pool *pgxpool.Pool, rate, secs
 		wg.Go(func() { _ = r.Run(rctx) })
 	}
 	time.Sleep(300 * time.Millisecond) // listeners up
-	commits, achieved, last, err := openLoop(ctx, rate, secs, func(ctx context.Context, k int) (string, error) {
+	commits, achieved, last, err := openLoop(ctx, rate, secs, r2Produce(prod, notifier))
+	if err != nil {
+		return r2Run{}, err
+	}
+	res := r2Measure(ctx, sink, commits, achieved, last, rate)
+	if res.lost > 0 {
+		r2Diagnose(ctx, pool, relays)
+	}
+	return res, nil
+}
+
+// r2Produce is R2's business transaction: one account row updated and one
+// event inserted with outbox.Insert, then the relays poked.
+func r2Produce(prod *pgxpool.Pool, notifier *outbox.Notifier) func(ctx context.Context, k int) (string, error) {
+	return func(ctx context.Context, k int) (string, error) {
 		var id string
 		err := db.WithTx(ctx, prod, func(tx pgx.Tx) error {
 			acct := k%r2Accounts + 1
@@ -274,15 +288,7 @@ func r2Relay(ctx context.Context, e *workloadEnv, pool *pgxpool.Pool, rate, secs
 			notifier.Poke()
 		}
 		return id, err
-	})
-	if err != nil {
-		return r2Run{}, err
 	}
-	res := r2Measure(ctx, sink, commits, achieved, last, rate)
-	if res.lost > 0 {
-		r2Diagnose(ctx, pool, relays)
-	}
-	return res, nil
 }
 
 // r2Diagnose prints what the relays and their database are doing when
