@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -346,16 +347,16 @@ func r5OpenLoop(ctx context.Context, pool *pgxpool.Pool, bin string, batch, rate
 	// (a claim held by a killed process comes back after the lease).
 	wctx, wcancel := context.WithTimeout(ctx, r2DrainTimeout+r5Lease)
 	defer wcancel()
+	missing := maps.Clone(commits)
 	_ = waitFor(wctx, func() (bool, error) {
 		p.sink.mu.Lock()
-		n := 0
-		for id := range commits {
+		for id := range missing {
 			if _, ok := p.sink.at[id]; ok {
-				n++
+				delete(missing, id)
 			}
 		}
 		p.sink.mu.Unlock()
-		if n < len(commits) {
+		if len(missing) > 0 {
 			return false, nil
 		}
 		var pending int
