@@ -38,12 +38,19 @@ func (s *probeSink) Publish(_ context.Context, m broker.Message) error {
 		s.refused.Add(1)
 		return errPoison
 	}
+	s.record(m, now)
+	return nil
+}
+
+// record counts m as arrived at now (R4's outage phase calls it for what
+// JetStream acknowledged).
+func (s *probeSink) record(m broker.Message, now time.Time) {
 	s.total.Add(1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, seen := s.first[m.ID]; seen {
 		s.dups++
-		return nil
+		return
 	}
 	s.first[m.ID] = now
 	agg := m.AggregateType + "/" + m.AggregateID
@@ -52,7 +59,6 @@ func (s *probeSink) Publish(_ context.Context, m broker.Message) error {
 	} else {
 		s.maxSeq[agg] = m.AggregateSeq
 	}
-	return nil
 }
 
 func (s *probeSink) distinct() int {
@@ -72,4 +78,20 @@ func (s *probeSink) counts() (distinct int, dups, inversions int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.first), s.dups, s.inversions
+}
+
+// firstAfter is the earliest first arrival after t, and the latest first
+// arrival overall (zero when none).
+func (s *probeSink) firstAfter(t time.Time) (first, last time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range s.first {
+		if a.After(t) && (first.IsZero() || a.Before(first)) {
+			first = a
+		}
+		if a.After(last) {
+			last = a
+		}
+	}
+	return first, last
 }
