@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/web"
 )
 
@@ -210,6 +211,9 @@ func TestStaleActionIsAConflictShowingTheCurrentState(t *testing.T) {
 		t.Fatalf("the page's dead-letter form carries expected=%q", expected)
 	}
 	if _, err := h.pool.Exec(context.Background(), `UPDATE outbox_event SET status = 'published', published_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := outbox.RecountBacklog(context.Background(), h.pool); err != nil { // a status changed by hand
 		t.Fatal(err)
 	}
 	resp, body := h.postForm(t, b, "/outbox/"+id.String()+"/dead-letter",

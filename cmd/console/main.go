@@ -43,7 +43,7 @@ func commands() map[string]command {
 		"merchants":    {"merchants of the payments API: `merchants add|assign|keys|revoke` (API keys, account owners)", []string{"add", "assign", "keys", "revoke"}, runMerchants},
 		"provider-sim": {"the simulated payment provider (its own HTTP server; fault mix set by flags)", nil, runProviderSim},
 		"migrate":      {"apply (`migrate up`) or show (`migrate status`) the embedded schema migrations", []string{"up", "status"}, runMigrate},
-		"outbox":       {"`outbox pause|resume TOPIC --reason R`: stop or restart publishing one topic (audited, survives restarts)", []string{"pause", "resume"}, runOutbox},
+		"outbox":       {"`outbox pause|resume TOPIC --reason R`: stop or restart publishing one topic (audited, survives restarts); `outbox recount`: recount the backlog", []string{"pause", "resume", "recount"}, runOutbox},
 		"prune":        {"one pruning pass (published outbox rows, inbox rows past retention), in small batches", nil, runPrune},
 		"audit":        {"`audit verify [--anchors FILE]`: walk the audit hash chain; `audit anchor`: sign its head", []string{"verify", "anchor"}, runAudit},
 		"pii":          {"personal data keys: `pii keygen`, `pii rotate [--dry-run] [--batch N]` (resumable), `pii check` (values per key id)", []string{"keygen", "rotate", "check"}, runPII},

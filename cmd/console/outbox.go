@@ -12,21 +12,29 @@ import (
 )
 
 const outboxUsage = `Usage: console outbox <pause|resume> TOPIC --reason R [--actor A]
+       console outbox recount
 
   pause TOPIC --reason R    stop publishing TOPIC: relays skip its events at their next claim
                             (a batch already claimed is still published); new events wait as pending
   resume TOPIC --reason R   publish TOPIC again: its backlog goes out in order per aggregate
+  recount                   count the pending and dead events per topic again and replace the
+                            backlog counts with the result (repair: after outbox_event.status was
+                            changed by hand, or rows were written with the counting triggers disabled)
 
 The pause is kept in the database (it survives relay and console restarts) and
 shows on the console's dashboard and outbox list. Each attempt writes the same
 audit row as the console's buttons, with the CLI user as actor. Pausing a paused
 topic, or resuming a running one, changes nothing and exits 1.
+
+The backlog counts (the dashboard's backlog and dead letters, /metrics'
+sluice_outbox_backlog and sluice_outbox_dead_letter) are kept on every write;
+recount reads O(pending + dead) rows and is safe while relays and producers run.
 `
 
 func runOutbox(ctx context.Context, e env, args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(e.stderr, outboxUsage)
-		return &config.UsageError{Err: errors.New("want a verb: pause or resume")}
+		return &config.UsageError{Err: errors.New("want a verb: pause, resume or recount")}
 	}
 	verb := args[0]
 	switch verb {
@@ -34,8 +42,10 @@ func runOutbox(ctx context.Context, e env, args []string) error {
 		fmt.Fprint(e.stdout, outboxUsage)
 		return config.ErrHelp
 	case "pause", "resume":
+	case "recount":
+		return runOutboxRecount(ctx, e, args[1:])
 	default:
-		return &config.UsageError{Err: fmt.Errorf("unknown verb %q (want pause or resume)", verb)}
+		return &config.UsageError{Err: fmt.Errorf("unknown verb %q (want pause, resume or recount)", verb)}
 	}
 	var c config.OutboxTopic
 	pos, err := configure(e, "outbox "+verb, outboxUsage, &c, args[1:], func(pos []string) error {
@@ -75,5 +85,29 @@ func runOutbox(ctx context.Context, e env, args []string) error {
 	} else {
 		fmt.Fprintf(e.stdout, "topic %s resumed (it was paused by %s since %s)\n", topic, p.PausedBy, p.PausedAt.UTC().Format("2006-01-02 15:04:05 UTC"))
 	}
+	return nil
+}
+
+// runOutboxRecount replaces the backlog counts with an exact recount.
+func runOutboxRecount(ctx context.Context, e env, args []string) error {
+	var c config.Database
+	if _, err := configure(e, "outbox recount", outboxUsage, &c, args, func(pos []string) error {
+		if len(pos) > 0 {
+			return fmt.Errorf("outbox recount takes no arguments (got %v)", pos)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	pool, err := db.OpenCurrent(ctx, c.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	pending, dead, err := outbox.RecountBacklog(ctx, pool)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "backlog recounted: %d pending, %d dead\n", pending, dead)
 	return nil
 }

@@ -74,3 +74,35 @@ func TestOutboxPauseAndResumeFromTheCommandLine(t *testing.T) {
 		t.Fatalf("second resume: code %d %s", code, stderr)
 	}
 }
+
+// `console outbox recount` repairs the backlog counts after a status was
+// changed by hand (the product's own writes keep them exact).
+func TestOutboxRecountFromTheCommandLine(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t)
+	ctx := context.Background()
+	pool, err := db.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload)
+		SELECT gen_random_uuid(), 'cli', 'a' || g, 1, 'billing', 'cli.v1', '{}' FROM generate_series(1, 5) g;
+		UPDATE outbox_event SET status = 'dead', dead_at = now() WHERE aggregate_id IN ('a1', 'a2')`); err != nil {
+		t.Fatal(err)
+	}
+	envs := map[string]string{"DATABASE_URL": url}
+	if code, _, _ := runConsole(t, envs, "outbox", "recount", "billing"); code != 2 {
+		t.Fatalf("recount with an argument: code %d", code)
+	}
+	code, out, stderr := runConsole(t, envs, "outbox", "recount")
+	if code != 0 || !strings.Contains(out, "3 pending, 2 dead") {
+		t.Fatalf("recount: code %d\n%s\n%s", code, out, stderr)
+	}
+	var pending, dead int64
+	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(n) FILTER (WHERE status = 'pending'), 0), coalesce(sum(n) FILTER (WHERE status = 'dead'), 0)
+		FROM outbox_backlog_count`).Scan(&pending, &dead); err != nil || pending != 3 || dead != 2 {
+		t.Fatalf("counts after recount: %d pending, %d dead (%v)", pending, dead, err)
+	}
+}

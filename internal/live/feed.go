@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/outbox"
 )
 
 // Fragment is one rendered piece of a live page, swapped by id.
@@ -117,7 +118,8 @@ type Feed struct {
 type fragKey struct{ page, id string }
 
 // New builds a feed reading snapshots through q. listen (may be nil) is the
-// pool a dedicated LISTEN connection is taken from.
+// pool a dedicated LISTEN connection is taken from, and the outbox's backlog
+// counts are compacted through (nil: not by this feed; the relays do).
 func New(q Querier, listen *pgxpool.Pool, cfg Config) *Feed {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
@@ -151,6 +153,11 @@ func (f *Feed) Run(ctx context.Context) error {
 		defer wg.Wait()
 		wake = l.Wake()
 	}
+	if f.listen != nil {
+		var wg sync.WaitGroup
+		wg.Go(func() { f.compactCounts(ctx) })
+		defer wg.Wait()
+	}
 	t := time.NewTicker(f.cfg.Interval)
 	defer t.Stop()
 	var last time.Time
@@ -177,6 +184,31 @@ func (f *Feed) Run(ctx context.Context) error {
 			}
 		}
 		t.Reset(f.cfg.Interval)
+	}
+}
+
+// CompactInterval is how often a running feed compacts the outbox's backlog
+// counts.
+const CompactInterval = 10 * time.Second
+
+// compactCounts collapses the outbox's backlog count deltas every
+// CompactInterval (outbox.CompactBacklogCounts), so the snapshot's sum over
+// them stays a few rows per topic even when no relay runs (producers add a
+// delta row per insert statement; relays compact too, after publishing). It
+// is its own statement on its own timer, through the listen pool, never part
+// of the one snapshot statement per tick.
+func (f *Feed) compactCounts(ctx context.Context) {
+	t := time.NewTicker(CompactInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := outbox.CompactBacklogCounts(ctx, f.listen); err != nil && ctx.Err() == nil {
+			f.log.Warn("live: compact outbox backlog counts", "err", err)
+		}
 	}
 }
 

@@ -549,7 +549,7 @@ func (r *JobRunner) chunk(ctx context.Context, id, token uuid.UUID) (Job, error)
 		if len(walked) == 0 {
 			return r.finish(ctx, tx, id, JobDone, cursor, 0, 0)
 		}
-		rows, err = tx.Query(ctx, `UPDATE outbox_event SET `+a.set+` WHERE id = ANY(@ids) AND `+a.where()+` RETURNING id`,
+		rows, err = tx.Query(ctx, a.updateSQL(`id = ANY(@ids)`, `u.id`),
 			pgx.NamedArgs{"ids": walked, "from": a.from, "reason": job.Reason, "replay_to": replayTo(job)})
 		if err != nil {
 			return Job{}, fmt.Errorf("outbox: job %s: %s: %w", id, a.name, err)

@@ -182,8 +182,20 @@ func (a action) check(expected, reason string) error {
 	return nil
 }
 
-const stateColumns = `status, coalesce(status = 'pending' AND locked_until > clock_timestamp(), false),
-	       attempts, available_at, coalesce(dead_reason, ''), coalesce(discard_reason, '')`
+const stateColumns = `status, coalesce(status = 'pending' AND locked_until > clock_timestamp(), false) AS in_flight,
+	       attempts, available_at, coalesce(dead_reason, '') AS dead_reason, coalesce(discard_reason, '') AS discard_reason`
+
+// stateOf reads stateColumns back from an action's countedUpdate.
+const stateOf = `u.status, u.in_flight, u.attempts, u.available_at, u.dead_reason, u.discard_reason`
+
+// updateSQL is an action's UPDATE of the rows in where (besides the action's
+// own condition). It writes the backlog delta of the status it changes in
+// the same statement (countedUpdate): an action is the only way the
+// product moves an event between statuses besides the relay.
+func (a action) updateSQL(where, returning string) string {
+	return countedUpdate(`@from::text`, `UPDATE outbox_event SET `+a.set+` WHERE `+where+` AND `+a.where()+`
+		RETURNING topic AS delta_topic, status AS delta_status, id, `+stateColumns, returning)
+}
 
 func (s *State) scanTargets() []any {
 	return []any{&s.Status, &s.InFlight, &s.Attempts, &s.AvailableAt, &s.DeadReason, &s.DiscardReason}
@@ -209,7 +221,7 @@ func act(ctx context.Context, q db.Querier, a action, id uuid.UUID, expected, re
 	if ch.Before.Status != expected || (a.idle && ch.Before.InFlight) {
 		return Change{}, &ConflictError{ID: id, Action: a.name, Expected: expected, Current: ch.Before}
 	}
-	err = q.QueryRow(ctx, `UPDATE outbox_event SET `+a.set+` WHERE id = @id AND `+a.where()+` RETURNING `+stateColumns,
+	err = q.QueryRow(ctx, a.updateSQL(`id = @id`, stateOf),
 		pgx.NamedArgs{"id": id, "from": a.from, "reason": reason}).Scan(ch.After.scanTargets()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Only without a transaction: someone acted between the two statements.

@@ -107,6 +107,8 @@ type Relay struct {
 	stats    relayCounters
 	outage   atomic.Int64 // publishes failed in a row because the broker was unavailable
 	tracer   trace.Tracer // nil: tracing off, no span work at all
+
+	compacted atomic.Int64 // when compactCounts last ran (Unix ns)
 }
 
 // relayTracer is the relay's tracer, nil when tracing is off (no provider,
@@ -477,7 +479,29 @@ func (r *Relay) process(ctx context.Context, cb claimedBatch) (BatchResult, erro
 	if res.Lost > 0 {
 		r.log.Warn("outbox: lease lost before mark; another relay re-claimed these events (duplicates)", "count", res.Lost)
 	}
+	if res.Published > 0 || res.Dead > 0 {
+		r.compactCounts(dctx)
+	}
 	return res, errors.Join(errs...)
+}
+
+// compactInterval is how often at most a relay compacts the backlog counts.
+const compactInterval = time.Second
+
+// compactCounts collapses the backlog count deltas (CompactBacklogCounts)
+// at most once per compactInterval, after a batch that changed counts: a
+// mark adds one delta row per topic and batch, producers one per insert
+// statement, and the console's snapshot sums them on every tick. A failure
+// is logged and left to the next turn: the counts stay exact without it.
+func (r *Relay) compactCounts(ctx context.Context) {
+	now := time.Now().UnixNano()
+	last := r.compacted.Load()
+	if now-last < int64(compactInterval) || !r.compacted.CompareAndSwap(last, now) {
+		return
+	}
+	if _, err := CompactBacklogCounts(ctx, r.pool); err != nil {
+		r.log.Warn("outbox: compact backlog counts", "err", err)
+	}
 }
 
 // publish sends the batch: each aggregate's events in sequence order, one
@@ -671,13 +695,15 @@ func (o *outcome) add(f func()) {
 // again, which consumers absorb (the inbox dedupes by event id). Claims,
 // failures, releases and every business write still commit synchronously.
 // Not waiting for the WAL flush takes one disk round trip off every batch.
-const markPublishedSQL = `
+// It writes the backlog delta of what it marked in the same statement
+// (countedUpdate), so the delta is exactly as durable as the mark.
+var markPublishedSQL = countedUpdate(`'pending'`, `
 		UPDATE outbox_event
 		   SET status = 'published', published_at = coalesce($3::timestamptz, statement_timestamp()), locked_until = NULL,
 		       replay_to = NULL
 		  FROM (SELECT set_config('synchronous_commit', 'off', true)) async_commit
 		 WHERE id = ANY($1) AND lock_token = $2 AND status = 'pending'
-		RETURNING topic`
+		RETURNING topic AS delta_topic, status AS delta_status`, `u.delta_topic`)
 
 // markPublished marks events published only while our lease token is still
 // on them: a relay whose lease expired and was re-claimed marks nothing.
@@ -739,7 +765,9 @@ func (r *Relay) recordFailure(ctx context.Context, f failure, token uuid.UUID) (
 	msg := errorText(f.err)
 	delay = r.cfg.Backoff.Delay(f.ev.Attempts)
 	var status string
-	err = r.pool.QueryRow(ctx, `
+	// A death moves the event from the pending count to the dead count: the
+	// statement writes that delta itself (countedUpdate).
+	err = r.pool.QueryRow(ctx, countedUpdate(`'pending'`, `
 		WITH t AS (SELECT coalesce($5::timestamptz, statement_timestamp()) AS now,
 		                  e0.attempts >= $4 AS dies
 		             FROM outbox_event e0 WHERE e0.id = $1)
@@ -754,7 +782,7 @@ func (r *Relay) recordFailure(ctx context.Context, f failure, token uuid.UUID) (
 		                           ELSE t.now + $6::bigint * interval '1 microsecond' END
 		  FROM t
 		 WHERE e.id = $1 AND e.lock_token = $2 AND e.status = 'pending'
-		RETURNING e.status`,
+		RETURNING e.topic AS delta_topic, e.status AS delta_status`, `u.delta_status`),
 		f.ev.ID, token, msg, r.cfg.MaxAttempts, r.nowArg(), delay.Microseconds()).Scan(&status)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Our lease is gone: whoever holds the event now decides its fate.

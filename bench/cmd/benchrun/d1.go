@@ -358,7 +358,8 @@ func d1Load(ctx context.Context, pool *pgxpool.Pool, sz d1Size) error {
 	}
 	pending := min(d1Pending, sz.outbox-d1Dead)
 	step := (sz.outbox - pending) / d1Dead
-	if err := withIndexesDropped(ctx, pool, "outbox_event", `
+	if err := withoutBacklogTriggers(ctx, pool, func() error {
+		return withIndexesDropped(ctx, pool, "outbox_event", `
 		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload,
 		                          status, created_at, available_at, attempts, last_error, published_at, dead_at, dead_reason)
 		SELECT (lpad(to_hex($1::bigint + g), 12, '0') || '7000' || '8000' || lpad(to_hex(g), 12, '0'))::uuid,
@@ -372,7 +373,8 @@ func d1Load(ctx context.Context, pool *pgxpool.Pool, sz d1Size) error {
 		       CASE WHEN g <= $2 AND g % $3 <> 0 THEN to_timestamp(($1::bigint + g) / 1000.0) + interval '50 ms' END,
 		       CASE WHEN g <= $2 AND g % $3 = 0 THEN to_timestamp(($1::bigint + g) / 1000.0) + interval '1 s' END,
 		       CASE WHEN g <= $2 AND g % $3 = 0 THEN 'max attempts reached (10)' END
-		  FROM generate_series(1, $4::bigint) g`, sz.t0ms, sz.outbox-pending, step, sz.outbox); err != nil {
+		  FROM generate_series(1, $4::bigint) g`, sz.t0ms, sz.outbox-pending, step, sz.outbox)
+	}); err != nil {
 		return err
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO outbox_aggregate (aggregate_type, aggregate_id, last_seq)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -60,10 +59,8 @@ func preloadSkewed(ctx context.Context, pool *pgxpool.Pool, plan []int, headers 
 		}
 		src = append(src, []any{id, "payment", fmt.Sprintf("pay-%07d", a), seq[a], "payments", "payment.requested.v1", []byte(payload), h})
 	}
-	if _, err := pool.CopyFrom(ctx, pgx.Identifier{"outbox_event"},
-		[]string{"id", "aggregate_type", "aggregate_id", "aggregate_seq", "topic", "event_type", "payload", "headers"},
-		pgx.CopyFromRows(src)); err != nil {
-		return fmt.Errorf("copy outbox: %w", err)
+	if err := copyOutbox(ctx, pool, src); err != nil {
+		return err
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO outbox_aggregate (aggregate_type, aggregate_id, last_seq)
 		SELECT aggregate_type, aggregate_id, max(aggregate_seq) FROM outbox_event GROUP BY 1, 2`); err != nil {

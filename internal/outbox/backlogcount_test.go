@@ -1,0 +1,307 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/outbox"
+)
+
+var countTopics = []string{"count.a", "count.b", "count.c"}
+
+// exactCounts counts the pending and dead events per topic the slow way,
+// "topic/status" → n.
+func exactCounts(t *testing.T, pool *pgxpool.Pool) map[string]int64 {
+	t.Helper()
+	rows, _ := pool.Query(context.Background(), `SELECT topic || '/' || status, count(*) FROM outbox_event
+		WHERE status IN ('pending', 'dead') GROUP BY topic, status`)
+	return collectCounts(t, rows)
+}
+
+// keptCounts sums the backlog count deltas, "topic/status" → n (zero
+// counts left out, as exactCounts has no row for them).
+func keptCounts(t *testing.T, pool *pgxpool.Pool) map[string]int64 {
+	t.Helper()
+	rows, _ := pool.Query(context.Background(), `SELECT topic || '/' || status, sum(n)::bigint FROM outbox_backlog_count
+		GROUP BY topic, status HAVING sum(n) <> 0`)
+	return collectCounts(t, rows)
+}
+
+func collectCounts(t *testing.T, rows pgx.Rows) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	for rows.Next() {
+		var k string
+		var n int64
+		if err := rows.Scan(&k, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[k] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func assertCountsExact(t *testing.T, pool *pgxpool.Pool, when string) {
+	t.Helper()
+	want, got := exactCounts(t, pool), keptCounts(t, pool)
+	if !maps.Equal(want, got) {
+		t.Fatalf("%s: backlog counts %v, exact counts %v", when, got, want)
+	}
+	b, err := outbox.ReadBacklog(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pending, dead int64
+	for k, n := range want {
+		if strings.HasSuffix(k, "/pending") {
+			pending += n
+		} else {
+			dead += n
+		}
+	}
+	if b.Pending != pending || b.Dead != dead {
+		t.Fatalf("%s: ReadBacklog says %d pending, %d dead; exact %d, %d", when, b.Pending, b.Dead, pending, dead)
+	}
+}
+
+// expected reports the errors an operator meets when someone else acted
+// first: they change nothing.
+func expected(err error) bool {
+	return err == nil || errors.Is(err, outbox.ErrConflict) || errors.Is(err, outbox.ErrNotFound)
+}
+
+// Issue 12, goal 6: the counts kept on write equal an exact count after a
+// random concurrent mix of everything that writes outbox_event: producers
+// (single and multi-row statements, several topics), relays whose broker
+// refuses some events until they die, operator retry / discard /
+// dead-letter, bulk jobs (retry, discard, replay), prune, raw DELETE,
+// TRUNCATE, and compactions and recounts running all along.
+func TestBacklogCountsStayExactUnderAConcurrentMix(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	// A deadlock between writers that lock rows in different orders (prune
+	// walks published_at, a replay job ids, raw deletes anything) aborts one
+	// transaction whole, as it would in production: expected here, and its
+	// deltas must vanish with it.
+	fail := func(what string, err error) {
+		if err != nil && ctx.Err() == nil && !db.IsRetryable(err) {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	loop := func(what string, pause time.Duration, step func(r *rand.Rand) error) {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(rand.Uint64(), 0))
+			for ctx.Err() == nil {
+				fail(what, step(r))
+				time.Sleep(time.Duration(r.Int64N(int64(pause) + 1)))
+			}
+		})
+	}
+
+	// Producers: Insert (one row per statement) and raw multi-row INSERTs,
+	// some of them already dead (as a producer in another language might).
+	for p := range 3 {
+		loop("insert", 2*time.Millisecond, func(r *rand.Rand) error {
+			topic := countTopics[r.IntN(len(countTopics))]
+			return db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+				for range 1 + r.IntN(3) {
+					if _, err := outbox.Insert(ctx, tx, outbox.Event{AggregateType: "count", AggregateID: fmt.Sprintf("p%d-%d", p, r.IntN(50)),
+						Topic: topic, EventType: "count.v1", Payload: []byte(`{}`)}); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+	}
+	loop("multi-row insert", 5*time.Millisecond, func(r *rand.Rand) error {
+		_, err := pool.Exec(ctx, `
+			INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at)
+			SELECT gen_random_uuid(), 'raw', gen_random_uuid()::text, 1, ($1::text[])[1 + g % 3], 'raw.v1', '{}',
+
+			       CASE WHEN g % 5 = 0 THEN 'dead' ELSE 'pending' END, CASE WHEN g % 5 = 0 THEN now() END
+			  FROM generate_series(1, $2) g`, countTopics, 1+r.IntN(20))
+		return err
+	})
+
+	// Relays: the broker refuses about one event in eight, every time, so
+	// those die after their attempts.
+	refuse := func(_ context.Context, m broker.Message) error {
+		if m.ID[len(m.ID)-1] < '2' {
+			return errors.New("refused")
+		}
+		return nil
+	}
+	var relays []*outbox.Relay
+	for i := range 2 {
+		relay, err := outbox.NewRelay(pool, &memPublisher{name: "r", log: &pubLog{}, before: refuse},
+			outbox.RelayConfig{Name: fmt.Sprint("r", i), BatchSize: 20, MaxAttempts: 2, DisableListen: true,
+				PollInterval: 5 * time.Millisecond, Backoff: outbox.Backoff{Base: time.Millisecond, Cap: time.Millisecond}}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		relays = append(relays, relay)
+		wg.Go(func() { _ = relay.Run(ctx) })
+	}
+
+	// Operators, one event at a time, on whatever they find.
+	pick := func(status string) (uuid.UUID, bool) {
+		var id uuid.UUID
+		err := pool.QueryRow(ctx, `SELECT id FROM outbox_event WHERE status = $1 ORDER BY random() LIMIT 1`, status).Scan(&id)
+		return id, err == nil
+	}
+	loop("operator", 3*time.Millisecond, func(r *rand.Rand) error {
+		var err error
+		switch r.IntN(3) {
+		case 0:
+			if id, ok := pick(outbox.StatusDead); ok {
+				_, err = outbox.Retry(ctx, pool, id, outbox.StatusDead)
+			}
+		case 1:
+			if id, ok := pick(outbox.StatusDead); ok {
+				_, err = outbox.Discard(ctx, pool, id, outbox.StatusDead, "test")
+			}
+		case 2:
+			if id, ok := pick(outbox.StatusPending); ok {
+				_, err = outbox.DeadLetter(ctx, pool, id, outbox.StatusPending, "test")
+			}
+		}
+		if expected(err) {
+			return nil
+		}
+		return err
+	})
+
+	// Bulk jobs: retry, discard, dead-letter and replay of a topic.
+	runner, err := outbox.NewJobRunner(pool, outbox.JobRunnerConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loop("bulk job", 20*time.Millisecond, func(r *rand.Rand) error {
+		req := outbox.JobRequest{Kind: []string{outbox.JobRetry, outbox.JobDiscard, outbox.JobDeadLetter, outbox.JobReplay}[r.IntN(4)],
+			Filter: outbox.Filter{Topic: countTopics[r.IntN(len(countTopics))]}, Reason: "test", RequestedBy: "op", ChunkSize: 10}
+		if _, err := db.WithTxV(ctx, pool, func(tx pgx.Tx) (outbox.Job, error) { return outbox.CreateJob(ctx, tx, req) }); err != nil {
+			return err
+		}
+		for {
+			ran, err := runner.RunOnce(ctx)
+			if err != nil || !ran {
+				return err
+			}
+		}
+	})
+
+	// Prune, raw deletes of any status, and now and then a TRUNCATE.
+	loop("prune", 10*time.Millisecond, func(*rand.Rand) error {
+		_, err := outbox.Prune(ctx, pool, 0, 50, time.Now())
+		return err
+	})
+	loop("raw delete", 10*time.Millisecond, func(r *rand.Rand) error {
+		_, err := pool.Exec(ctx, `DELETE FROM outbox_event WHERE id IN (
+			SELECT id FROM outbox_event WHERE status = $1 LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+			[]string{"pending", "dead", "published", "discarded"}[r.IntN(4)], 1+r.IntN(10))
+		return err
+	})
+	var truncates, compacted atomic.Int64
+	loop("truncate", 400*time.Millisecond, func(*rand.Rand) error {
+		_, err := pool.Exec(ctx, `TRUNCATE outbox_event`)
+		if err == nil {
+			truncates.Add(1)
+		}
+		return err
+	})
+
+	// Compactions, several at once, and a recount now and then.
+	for range 3 {
+		loop("compact", time.Millisecond, func(*rand.Rand) error {
+			n, err := outbox.CompactBacklogCounts(ctx, pool)
+			compacted.Add(n)
+			return err
+		})
+	}
+	loop("recount", 200*time.Millisecond, func(*rand.Rand) error {
+		_, _, err := outbox.RecountBacklog(ctx, pool)
+		return err
+	})
+
+	time.Sleep(4 * time.Second)
+	cancel()
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	bg := context.Background()
+	var published, died int64
+	for _, r := range relays {
+		published, died = published+r.Stats().Published, died+r.Stats().Dead
+	}
+	if published == 0 || died == 0 || truncates.Load() == 0 || compacted.Load() == 0 {
+		t.Fatalf("the mix proved little: %d published, %d died, %d truncates, %d delta rows compacted",
+			published, died, truncates.Load(), compacted.Load())
+	}
+	assertCountsExact(t, pool, "after the mix")
+	// Whatever the mix left (a TRUNCATE may have come last), the counts go
+	// on from there.
+	if _, err := pool.Exec(bg, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at)
+		SELECT gen_random_uuid(), 'end', gen_random_uuid()::text, 1, 'count.a', 'end.v1', '{}',
+		       CASE WHEN g % 3 = 0 THEN 'dead' ELSE 'pending' END, CASE WHEN g % 3 = 0 THEN now() END
+		  FROM generate_series(1, 30) g`); err != nil {
+		t.Fatal(err)
+	}
+	assertCountsExact(t, pool, "after the mix and 30 more events")
+	if _, err := outbox.CompactBacklogCounts(bg, pool); err != nil {
+		t.Fatal(err)
+	}
+	assertCountsExact(t, pool, "after a final compaction")
+	var rows, keys int
+	if err := pool.QueryRow(bg, `SELECT count(*), count(DISTINCT (topic, status)) FROM outbox_backlog_count`).Scan(&rows, &keys); err != nil {
+		t.Fatal(err)
+	}
+	if rows != keys {
+		t.Fatalf("%d delta rows for %d counts after compaction, want one each", rows, keys)
+	}
+	if n, err := outbox.CompactBacklogCounts(bg, pool); err != nil || n != 0 {
+		t.Fatalf("a compaction of compacted counts removed %d rows (%v)", n, err)
+	}
+}
+
+// A recount repairs counts a hand-written status change left wrong.
+func TestRecountRepairsAStatusChangedByHand(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	bulkInsert(t, pool, "rc", 10, 1)
+	if _, err := pool.Exec(ctx, `UPDATE outbox_event SET status = 'dead', dead_at = now() WHERE aggregate_id IN ('rc-1', 'rc-2')`); err != nil {
+		t.Fatal(err)
+	}
+	if got := keptCounts(t, pool); got["test.topic/pending"] != 10 {
+		t.Fatalf("counts %v: the hand-written UPDATE was counted after all", got)
+	}
+	pending, dead, err := outbox.RecountBacklog(ctx, pool)
+	if err != nil || pending != 8 || dead != 2 {
+		t.Fatalf("recount: %d pending, %d dead (%v), want 8 and 2", pending, dead, err)
+	}
+	assertCountsExact(t, pool, "after the recount")
+}
