@@ -78,23 +78,34 @@ func runD1(ctx context.Context, e *workloadEnv) error {
 			pool.Close()
 			return err
 		}
-		for _, q := range queries {
-			rec := &recorder{q: pool}
-			for range 3 { // warm up
-				if err := q.run(ctx, rec); err != nil {
+		// Warm-ups (recording the statements each query sends, for the
+		// plans), then the repetitions interleaved: round k runs every query
+		// once, so a burst of the shared machine's scheduling delay lands on
+		// all of them alike instead of on one query's block, and the deep ÷
+		// first page ratios compare like with like.
+		recs := make([]*recorder, len(queries))
+		for i, q := range queries {
+			recs[i] = &recorder{q: pool}
+			for range 3 {
+				if err := q.run(ctx, recs[i]); err != nil {
 					pool.Close()
 					return fmt.Errorf("%s %s: %w", sz.label, q.name, err)
 				}
 			}
-			var lat []float64
-			for range reps {
+		}
+		lats := make([][]float64, len(queries))
+		for range reps {
+			for i, q := range queries {
 				t := time.Now()
 				if err := q.run(ctx, pool); err != nil {
 					pool.Close()
 					return err
 				}
-				lat = append(lat, ms(time.Since(t)))
+				lats[i] = append(lats[i], ms(time.Since(t)))
 			}
+		}
+		for qi, q := range queries {
+			rec, lat := recs[qi], lats[qi]
 			slices.Sort(lat)
 			r := &wlResult{Workload: "D1", Metric: fmt.Sprintf("%s p99, %s (p50 %s ms)", q.name, d1Rows(q.name, sz), fmtVal(pct(lat, 50))),
 				System: "console", Config: fmt.Sprintf("%d reps", reps), Unit: "ms", Runs: []float64{pct(lat, 99)},
