@@ -446,11 +446,11 @@ func (r *Relay) process(ctx context.Context, cb claimedBatch) (BatchResult, erro
 		}
 	}
 	if len(unavailable) > 0 {
-		res.OutageRun = int(r.outage.Add(1))
+		// Counted even when giving them back fails: the broker is down
+		// either way, and Run must pause (the events' lease then runs out).
+		res.OutageRun, res.Unavailable = int(r.outage.Add(1)), len(unavailable)
 		if err := r.giveBack(dctx, unavailable, token); err != nil {
 			errs = append(errs, err)
-		} else {
-			res.Unavailable = len(unavailable)
 		}
 	}
 	for _, f := range failed {
@@ -907,6 +907,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		}
 		if res.Unavailable > 0 {
+			if err != nil {
+				r.log.Warn("outbox: relay cycle failed", "err", err)
+			}
 			// The broker cannot be reached: give back what was claimed
 			// ahead without trying it, and pause before the next claim,
 			// whatever NOTIFYs say (they mean more events, not a broker).
