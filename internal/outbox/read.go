@@ -59,9 +59,9 @@ type Backlog struct {
 // BacklogRead reads Backlog: the counts from outbox_backlog_count (a few
 // rows per topic once compacted, see CompactBacklogCounts), and, for each
 // topic with pending events, its first BacklogHead pending events in claim
-// order through outbox_event_pending_topic_idx (the read states topic > ”
-// so the planner may use that partial index; every topic is 1 to 200
-// characters). O(topics × 1,000) at most, never O(backlog) nor O(history).
+// order through outbox_event_pending_topic_idx (the read repeats that
+// partial index's predicate, a non-empty topic, so the planner may use it;
+// every topic is 1 to 200 characters). O(topics × 1,000) at most, never O(backlog) nor O(history).
 // Lease liveness is judged on the database clock, now().
 //
 // The head is "topic = ANY (ARRAY[t]) ORDER BY topic, id", not "topic = t

@@ -469,10 +469,10 @@ func (r *Relay) process(ctx context.Context, cb claimedBatch) (BatchResult, erro
 		}
 		deferDelay = max(deferDelay, delay)
 	}
-	if err := r.release(dctx, out.deferred, token, deferDelay); err != nil {
+	if err := r.release(dctx, out.deferred, token, deferDelay, ""); err != nil {
 		errs = append(errs, err)
 	}
-	if err := r.release(dctx, out.interrupted, token, 0); err != nil {
+	if err := r.release(dctx, out.interrupted, token, 0, ""); err != nil {
 		errs = append(errs, err)
 	}
 	res.Deferred = len(out.deferred) + len(out.interrupted)
@@ -808,20 +808,17 @@ func (r *Relay) recordFailure(ctx context.Context, f failure, token uuid.UUID) (
 // pauses instead (Run), so the events are never pushed into the future: when
 // the broker is back, the first relay that probes takes them.
 func (r *Relay) giveBack(ctx context.Context, fs []failure, token uuid.UUID) error {
-	ids := make([]uuid.UUID, len(fs))
+	evs := make([]claimed, len(fs))
 	for i, f := range fs {
-		ids[i] = f.ev.ID
+		evs[i] = f.ev
 	}
 	r.m.failures.Add(float64(len(fs)))
 	r.stats.failed.Add(int64(len(fs)))
 	msg := errorText(fs[0].err)
-	if _, err := r.pool.Exec(ctx, `
-		UPDATE outbox_event
-		   SET locked_until = NULL, lock_token = NULL, attempts = greatest(attempts - 1, 0), last_error = $3
-		 WHERE id = ANY($1) AND lock_token = $2 AND status = 'pending'`, ids, token, msg); err != nil {
-		return fmt.Errorf("outbox: give back %d events after a broker outage: %w", len(ids), err)
+	if err := r.release(ctx, evs, token, 0, msg); err != nil {
+		return fmt.Errorf("outbox: give back after a broker outage: %w", err)
 	}
-	r.log.Warn("outbox: broker unavailable; events given back, relay pausing", "count", len(ids), "outage_batches", r.outage.Load(), "err", msg)
+	r.log.Warn("outbox: broker unavailable; events given back, relay pausing", "count", len(evs), "outage_batches", r.outage.Load(), "err", msg)
 	return nil
 }
 
@@ -835,8 +832,9 @@ func (r *Relay) outagePause(run int) time.Duration {
 	return b.Delay(run)
 }
 
-// release gives events back without counting an attempt, not before delay.
-func (r *Relay) release(ctx context.Context, evs []claimed, token uuid.UUID, delay time.Duration) error {
+// release gives events back without counting an attempt, not before delay,
+// with lastError as their last error when it is not empty.
+func (r *Relay) release(ctx context.Context, evs []claimed, token uuid.UUID, delay time.Duration, lastError string) error {
 	if len(evs) == 0 {
 		return nil
 	}
@@ -847,9 +845,10 @@ func (r *Relay) release(ctx context.Context, evs []claimed, token uuid.UUID, del
 	_, err := r.pool.Exec(ctx, `
 		UPDATE outbox_event
 		   SET locked_until = NULL, lock_token = NULL, attempts = greatest(attempts - 1, 0),
-		       available_at = greatest(available_at, coalesce($3::timestamptz, statement_timestamp()) + $4::bigint * interval '1 microsecond')
+		       available_at = greatest(available_at, coalesce($3::timestamptz, statement_timestamp()) + $4::bigint * interval '1 microsecond'),
+		       last_error = coalesce(nullif($5, ''), last_error)
 		 WHERE id = ANY($1) AND lock_token = $2 AND status = 'pending'`,
-		ids, token, r.nowArg(), delay.Microseconds())
+		ids, token, r.nowArg(), delay.Microseconds(), lastError)
 	if err != nil {
 		return fmt.Errorf("outbox: release %d events: %w", len(ids), err)
 	}
@@ -916,7 +915,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			if ahead != nil {
 				if cb := <-ahead; cb.err == nil {
 					dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-					if err := r.release(dctx, cb.events, cb.token, 0); err != nil {
+					if err := r.release(dctx, cb.events, cb.token, 0, ""); err != nil {
 						r.log.Warn("outbox: release the batch claimed ahead", "err", err)
 					}
 					cancel()
