@@ -62,14 +62,46 @@ var ErrInvalidEvent = errors.New("outbox: invalid event")
 // or a traceparent a request brought), its traceparent and tracestate are
 // stored in the event's headers, unless ev.Headers sets a traceparent.
 func Insert(ctx context.Context, tx pgx.Tx, ev Event) (Inserted, error) {
-	if err := ev.validate(); err != nil {
+	w, err := Prepare(ctx, ev)
+	if err != nil {
 		return Inserted{}, err
+	}
+	return w.Insert(ctx, tx)
+}
+
+// Insert writes w in the caller's transaction tx, as Insert does.
+func (w Write) Insert(ctx context.Context, tx pgx.Tx) (Inserted, error) {
+	args := pgx.NamedArgs{}
+	w.Bind(args, "ev")
+	var seq int64
+	err := tx.QueryRow(ctx, `WITH `+WriteSQL("ev", "(SELECT 1) AS one", "@ev_payload::jsonb")+` SELECT aggregate_seq FROM ev`, args).Scan(&seq)
+	if err != nil {
+		return Inserted{}, fmt.Errorf("outbox: insert %s: %w", w.ev.EventType, err)
+	}
+	return Inserted{ID: w.ID, AggregateSeq: seq}, nil
+}
+
+// Write is an event checked and completed (its id, its trace headers) for
+// a statement that writes it: Insert's, or a caller's own statement that
+// writes the event with its business rows in one round trip (WriteSQL).
+type Write struct {
+	ID          uuid.UUID
+	ev          Event
+	headers     []byte
+	availableAt *time.Time
+}
+
+// Prepare checks ev and completes it as Insert does: a UUIDv7 id when
+// ev.ID is zero, and the W3C trace context of ctx in its headers.
+func Prepare(ctx context.Context, ev Event) (Write, error) {
+	if err := ev.validate(); err != nil {
+		return Write{}, err
 	}
 	id := ev.ID
 	if id == uuid.Nil {
 		var err error
 		if id, err = uuid.NewV7(); err != nil {
-			return Inserted{}, fmt.Errorf("outbox: new id: %w", err)
+			return Write{}, fmt.Errorf("outbox: new id: %w", err)
 		}
 	}
 	// The caller's W3C trace context travels with the event, so the relay
@@ -86,31 +118,54 @@ func Insert(ctx context.Context, tx pgx.Tx, ev Event) (Inserted, error) {
 	if len(hdr) > 0 {
 		var err error
 		if headers, err = json.Marshal(hdr); err != nil {
-			return Inserted{}, fmt.Errorf("%w: headers: %v", ErrInvalidEvent, err)
+			return Write{}, fmt.Errorf("%w: headers: %v", ErrInvalidEvent, err)
 		}
 	}
-	var availableAt *time.Time
+	w := Write{ID: id, ev: ev, headers: headers}
 	if !ev.AvailableAt.IsZero() {
-		availableAt = &ev.AvailableAt
+		w.availableAt = &ev.AvailableAt
 	}
-	var seq int64
-	err := tx.QueryRow(ctx, `
-		WITH seq AS (
+	return w, nil
+}
+
+// Bind sets the named arguments of WriteSQL(name, …) in args: @<name>_id,
+// _agg_type, _agg_id, _topic, _type, _headers, _available and _payload (the
+// event's payload as given, for the caller's payload expression to use).
+func (w Write) Bind(args pgx.NamedArgs, name string) {
+	args[name+"_id"] = w.ID
+	args[name+"_agg_type"] = w.ev.AggregateType
+	args[name+"_agg_id"] = w.ev.AggregateID
+	args[name+"_topic"] = w.ev.Topic
+	args[name+"_type"] = w.ev.EventType
+	args[name+"_headers"] = w.headers
+	args[name+"_available"] = w.availableAt
+	args[name+"_payload"] = string(w.ev.Payload)
+}
+
+// WriteSQL is the one statement that writes an event, as two WITH items:
+// <name>_seq takes the aggregate's next sequence number (concurrent writers
+// of one aggregate wait for each other until their transactions end, so
+// sequence order is commit order) and <name> inserts the event, RETURNING
+// aggregate_seq. Both happen only when from, a FROM item that yields at
+// most one row (an earlier WITH item's name, or "(SELECT 1) AS one" to
+// write unconditionally), has its row, and payload is a jsonb expression
+// that may use from's columns: a caller whose
+// payload carries values the statement computes (an attempt number, the
+// database's time) completes @<name>_payload::jsonb there. Bind the
+// arguments with Write.Bind.
+func WriteSQL(name, from, payload string) string {
+	return name + `_seq AS (
 			INSERT INTO outbox_aggregate (aggregate_type, aggregate_id, last_seq)
-			VALUES ($2, $3, 1)
+			SELECT @` + name + `_agg_type, @` + name + `_agg_id, 1 FROM ` + from + `
 			ON CONFLICT (aggregate_type, aggregate_id)
 			DO UPDATE SET last_seq = outbox_aggregate.last_seq + 1
-			RETURNING last_seq
-		)
-		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, headers, available_at)
-		SELECT $1, $2, $3, seq.last_seq, $4, $5, $6, $7, coalesce($8, now()) FROM seq
-		RETURNING aggregate_seq`,
-		id, ev.AggregateType, ev.AggregateID, ev.Topic, ev.EventType, []byte(ev.Payload), headers, availableAt,
-	).Scan(&seq)
-	if err != nil {
-		return Inserted{}, fmt.Errorf("outbox: insert %s: %w", ev.EventType, err)
-	}
-	return Inserted{ID: id, AggregateSeq: seq}, nil
+			RETURNING last_seq),
+		` + name + ` AS (
+			INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, headers, available_at)
+			SELECT @` + name + `_id, @` + name + `_agg_type, @` + name + `_agg_id, s.last_seq, @` + name + `_topic, @` + name + `_type,
+				` + payload + `, @` + name + `_headers, coalesce(@` + name + `_available::timestamptz, now())
+			FROM ` + from + `, ` + name + `_seq s
+			RETURNING aggregate_seq)`
 }
 
 func (ev Event) validate() error {

@@ -129,7 +129,7 @@ func (s *Service) create(ctx context.Context, merchantID, key string, req Reques
 	}
 	rec := Record{MerchantID: merchantID, Key: key, RequestHash: hash, Status: StatusProcessing, OperationID: op}
 	for try := 0; try < 4; try++ {
-		p, lease, err := s.reserve(ctx, rec, req, sealed)
+		p, lease, err := s.reserveFast(ctx, rec, req, sealed)
 		var rej *rejection
 		switch {
 		case err == nil:
@@ -244,7 +244,7 @@ func (s *Service) own(ctx context.Context, p Payment, lease time.Time) (Response
 	if cerr != nil {
 		s.log.Warn("payments: provider charge", "operation_id", p.OperationID, "err", cerr)
 	}
-	stored, err := s.settle(ctx, p.OperationID, StatusProcessing, to, d, &lease, &call)
+	stored, err := s.settleOwned(ctx, p, to, d, lease, call)
 	if errors.Is(err, ErrLeaseLost) || errors.Is(err, errStateChanged) {
 		return s.answerCurrent(ctx, p.OperationID)
 	}
@@ -294,6 +294,18 @@ func (s *Service) sealCustomer(op uuid.UUID, c Customer) (sealedCustomer, error)
 		out.taxIDBidx = s.kr.BlindIndex(pii.FieldTaxID, c.TaxID)
 	}
 	return out, nil
+}
+
+// reserveFast reserves in one statement when it can, else in reserve's
+// transaction (which tests stop half way with afterOwnership).
+func (s *Service) reserveFast(ctx context.Context, rec Record, req Request, customer sealedCustomer) (Payment, time.Time, error) {
+	if s.afterOwnership == nil {
+		p, lease, done, err := s.reserveOne(ctx, rec, req, customer)
+		if done || err != nil {
+			return p, lease, err
+		}
+	}
+	return s.reserve(ctx, rec, req, customer)
 }
 
 // errKeyTaken: another request holds or held the key (the reserve
@@ -391,6 +403,141 @@ func (s *Service) reserve(ctx context.Context, rec Record, req Request, customer
 	return p, lease, nil
 }
 
+// reserveOneSQL is reserve's transaction as one statement, sent on its own
+// (its implicit transaction: one round trip and one commit instead of six
+// statements). Each write happens only when the one before it returned its
+// row: the account's row lock taken without waiting, on an account of the
+// merchant, in the currency, that covers the amount (l) → the key (rec; a
+// key already taken stops everything here) → the reservation (u) → the
+// payment (p; an invoice whose unique indexes are taken makes the whole
+// statement fail) → its balance_reservation row (r) and payment.requested.v1
+// (ev, its attempt number and time completed here). sluice_assert refuses
+// to commit a key without the rest. When l returns no covering row nothing
+// is written, and reserve's transaction decides (a rejection, or a wait on
+// a hot account's lock that it measures).
+var reserveOneSQL = `
+	WITH t AS (SELECT ` + dbNow + ` AS now),
+	l AS (
+		SELECT balance - reserved >= @amount::numeric AS covers FROM account
+		WHERE account_id = @account AND merchant_id = @merchant AND currency = @currency
+		FOR NO KEY UPDATE SKIP LOCKED),
+	rec AS (
+		INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, status, operation_id, locked_until, created_at, updated_at, expires_at)
+		SELECT @merchant, @key, @hash, 'processing', @op, t.now + @lease::bigint * interval '1 microsecond', t.now, t.now,
+		       t.now + @window::bigint * interval '1 microsecond'
+		FROM t WHERE EXISTS (SELECT 1 FROM l WHERE covers)
+		ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
+		RETURNING locked_until, created_at),
+	u AS (
+		UPDATE account SET reserved = reserved + @amount::numeric, updated_at = rec.created_at
+		FROM rec WHERE account_id = @account AND balance - reserved >= @amount::numeric
+		RETURNING 1),
+	p AS (
+		INSERT INTO payment (operation_id, merchant_id, invoice_id, payment_type, attempt, account_id, amount, currency, customer, customer_email_bidx, customer_tax_id_bidx, status, created_at, updated_at)
+		SELECT @op, @merchant, @invoice, @type,
+			(SELECT coalesce(max(attempt), 0) + 1 FROM payment WHERE merchant_id = @merchant AND invoice_id = @invoice AND payment_type = @type),
+			@account, @amount::numeric, @currency, @customer, @email_bidx, @tax_id_bidx, 'processing', rec.created_at, rec.created_at
+		FROM rec WHERE EXISTS (SELECT 1 FROM u)
+		RETURNING ` + paymentCols + `),
+	r AS (
+		INSERT INTO balance_reservation (operation_id, account_id, amount, status, created_at, updated_at)
+		SELECT @op, @account, @amount::numeric, 'active', p.created_at, p.created_at FROM p
+		RETURNING 1),
+	` + outbox.WriteSQL("ev", "p", `jsonb_set(jsonb_set(@ev_payload::jsonb, '{attempt}', to_jsonb(p.attempt)), '{occurred_at}', `+jsonTime("p.created_at")+`)`) + `
+	SELECT EXISTS (SELECT 1 FROM l WHERE covers), (SELECT locked_until FROM rec),
+		sluice_assert(NOT EXISTS (SELECT 1 FROM rec) OR (EXISTS (SELECT 1 FROM r) AND EXISTS (SELECT 1 FROM ev)), 'reserve: a key without its payment, reservation or event'),
+		p.* -- paymentCols, as RETURNING made them
+	FROM (SELECT 1) AS one LEFT JOIN p ON true`
+
+// jsonTime is the JSON string of the timestamptz expression at, in UTC with
+// microseconds (RFC 3339), as the database's time completes an event.
+func jsonTime(at string) string {
+	return `to_jsonb(to_char(` + at + ` AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))`
+}
+
+// reserveOne is reserve in one statement (reserveOneSQL) for the common
+// case. done is false when it wrote nothing and reserve's transaction must
+// decide; errKeyTaken and errInvoiceTaken are answers, as reserve's.
+func (s *Service) reserveOne(ctx context.Context, rec Record, req Request, customer sealedCustomer) (p Payment, lease time.Time, done bool, err error) {
+	custJSON, err := json.Marshal(customer.fields)
+	if err != nil {
+		return Payment{}, time.Time{}, false, fmt.Errorf("payments: encode customer: %w", err)
+	}
+	// The event as the statement will complete it: the attempt number and
+	// the time are the statement's.
+	requested := Payment{OperationID: rec.OperationID, MerchantID: rec.MerchantID, InvoiceID: req.InvoiceID, AccountID: req.AccountID,
+		Amount: req.Amount, Currency: req.Currency, Status: StatusProcessing}
+	w, err := eventWrite(ctx, s.kr, s.cfg.Topic, EventRequested, requested, time.Time{}, &customer.clear)
+	if err != nil {
+		return Payment{}, time.Time{}, false, err
+	}
+	args := pgx.NamedArgs{
+		"merchant": rec.MerchantID, "key": rec.Key, "hash": rec.RequestHash, "op": rec.OperationID, "now": s.nowArg(),
+		"lease": s.cfg.Lease.Microseconds(), "window": s.cfg.RetryWindow.Microseconds(),
+		"invoice": req.InvoiceID, "type": PaymentTypeCharge, "account": req.AccountID, "amount": req.Amount.StringFixed(2), "currency": req.Currency,
+		"customer": custJSON, "email_bidx": customer.emailBidx, "tax_id_bidx": customer.taxIDBidx,
+	}
+	w.Bind(args, "ev")
+	var covers bool
+	var locked *time.Time
+	err = queryOne(ctx, s.pool, reserveOneSQL, args, func(row pgx.Rows) error {
+		// Without a payment its columns are NULL: read the flags alone first.
+		flags := make([]any, len(row.FieldDescriptions()))
+		flags[0], flags[1] = &covers, &locked
+		if err := row.Scan(flags...); err != nil || locked == nil {
+			return err
+		}
+		p, err = scanPayment(prefixed{row, []any{nil, nil, nil}})
+		return err
+	})
+	switch {
+	case db.Code(err) == db.CodeUniqueViolation && (db.Constraint(err) == "payment_business_identity" || db.Constraint(err) == "payment_business_attempt"):
+		return Payment{}, time.Time{}, false, errInvoiceTaken
+	case err != nil:
+		return Payment{}, time.Time{}, false, fmt.Errorf("payments: reserve %s: %w", rec.OperationID, err)
+	case !covers:
+		return Payment{}, time.Time{}, false, nil
+	case locked == nil:
+		return Payment{}, time.Time{}, false, errKeyTaken
+	}
+	s.m.reservations.Inc()
+	s.poke() // payment.requested.v1 is committed
+	return p, *locked, true, nil
+}
+
+// queryOne runs a statement that returns one row and hands the row to
+// scan; the statement's error counts even after its row came (the WITH
+// items of a writing statement finish, and its constraints are checked,
+// after the row is sent), and then whatever scan read is void.
+func queryOne(ctx context.Context, q db.Querier, sql string, args pgx.NamedArgs, scan func(pgx.Rows) error) error {
+	rows, err := q.Query(ctx, sql, args)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	serr := scan(rows)
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return serr
+}
+
+// prefixed scans leading columns into dest before the row's own scanner
+// takes the rest (a payment after reserveOneSQL's flags).
+type prefixed struct {
+	row  pgx.Row
+	dest []any
+}
+
+func (r prefixed) Scan(dest ...any) error { return r.row.Scan(append(r.dest, dest...)...) }
+
 // accountRejection says why the payment insert found no account: one
 // answer whether the account is another merchant's or does not exist at
 // all (a merchant learns nothing about others' accounts), another when it
@@ -479,6 +626,18 @@ type eventPayload struct {
 // by payment.requested.v1; it is sealed for this event's id, so kr may be
 // nil when customer is.
 func insertEvent(ctx context.Context, tx pgx.Tx, kr *pii.Keyring, topic, eventType string, p Payment, now time.Time, customer *Customer) error {
+	w, err := eventWrite(ctx, kr, topic, eventType, p, now, customer)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Insert(ctx, tx); err != nil {
+		return fmt.Errorf("payments: write %s: %w", eventType, err)
+	}
+	return nil
+}
+
+// eventWrite makes the payment.* event of p at now, its customer sealed.
+func eventWrite(ctx context.Context, kr *pii.Keyring, topic, eventType string, p Payment, now time.Time, customer *Customer) (outbox.Write, error) {
 	ev := eventPayload{OperationID: p.OperationID.String(), MerchantID: p.MerchantID, InvoiceID: p.InvoiceID, Attempt: p.Attempt, AccountID: p.AccountID,
 		Amount: p.Amount.StringFixed(2), Currency: p.Currency, Status: p.Status, ProviderRef: p.ProviderRef, FailureCode: p.FailureCode,
 		ResolvedBy: p.ResolvedBy, OccurredAt: now}
@@ -492,18 +651,19 @@ func insertEvent(ctx context.Context, tx pgx.Tx, kr *pii.Keyring, topic, eventTy
 	}
 	payload, err := json.Marshal(ev)
 	if err != nil {
-		return fmt.Errorf("payments: encode %s: %w", eventType, err)
+		return outbox.Write{}, fmt.Errorf("payments: encode %s: %w", eventType, err)
 	}
-	// The id is made here, not by Insert: the sealed fields are bound to it.
+	// The id is made here, not by outbox.Prepare: the sealed fields are bound to it.
 	id, err := uuid.NewV7()
 	if err != nil {
-		return fmt.Errorf("payments: event id: %w", err)
+		return outbox.Write{}, fmt.Errorf("payments: event id: %w", err)
 	}
 	if payload, err = pii.SealPayload(kr, eventType, id.String(), payload); err != nil {
-		return fmt.Errorf("payments: seal %s: %w", eventType, err)
+		return outbox.Write{}, fmt.Errorf("payments: seal %s: %w", eventType, err)
 	}
-	if _, err := outbox.Insert(ctx, tx, outbox.Event{ID: id, AggregateType: AggregateType, AggregateID: p.OperationID.String(), Topic: topic, EventType: eventType, Payload: payload}); err != nil {
-		return fmt.Errorf("payments: write %s: %w", eventType, err)
+	w, err := outbox.Prepare(ctx, outbox.Event{ID: id, AggregateType: AggregateType, AggregateID: p.OperationID.String(), Topic: topic, EventType: eventType, Payload: payload})
+	if err != nil {
+		return outbox.Write{}, fmt.Errorf("payments: write %s: %w", eventType, err)
 	}
-	return nil
+	return w, nil
 }

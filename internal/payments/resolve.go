@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/outbox"
 )
 
 // errStateChanged: the payment was not in the state a transition expected
@@ -46,7 +47,104 @@ func (s *Service) settle(ctx context.Context, op uuid.UUID, from, to Status, d d
 	return s.settleTx(ctx, op, from, to, d, fence, nil)
 }
 
-func (s *Service) settleTx(ctx context.Context, op uuid.UUID, from, to Status, d details, fence *time.Time, call *callRecord) (Record, error) {
+// settleOneSQL is the owner's settlement (settleTx with its lease and its
+// provider call) as one statement sent on its own: one round trip and one
+// commit instead of seven statements. Each write happens only when the one
+// before returned its row: the key's lease still this worker's (lease) →
+// the provider call's record (call) and the payment's move from @from (p; a
+// payment another worker moved stops here, the call still recorded) → the
+// books (booksSQL), the event (ev, its time completed here) and the key's
+// stored answer (rec). sluice_assert refuses to commit a moved payment
+// without the rest.
+var settleOneSQL = `
+	WITH lease AS (
+		SELECT 1 FROM idempotency_record WHERE operation_id = @op AND status = 'processing' AND locked_until = @fence FOR UPDATE),
+	call AS (` + insertCallSQL + ` WHERE EXISTS (SELECT 1 FROM lease) RETURNING 1),
+	p AS (
+		UPDATE payment SET ` + transitionSet + `
+		FROM (SELECT ` + dbNow + ` AS now) t
+		WHERE operation_id = @op AND status = @from AND EXISTS (SELECT 1 FROM lease)
+		RETURNING ` + paymentCols + `),
+	` + booksSQL("EXISTS (SELECT 1 FROM p)", "(SELECT updated_at FROM p)") + `,
+	` + outbox.WriteSQL("ev", "p", `jsonb_set(@ev_payload::jsonb, '{occurred_at}', `+jsonTime("p.updated_at")+`)`) + `,
+	rec AS (
+		UPDATE idempotency_record SET status = @to, response_status = @response_status, response_body = @response_body::jsonb,
+			locked_until = NULL, updated_at = p.updated_at
+		FROM p WHERE idempotency_record.operation_id = @op
+		RETURNING response_body)
+	SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM p), (SELECT response_body FROM rec),
+		sluice_assert(NOT EXISTS (SELECT 1 FROM p) OR ((@books_to = '' OR ` + booksMoved + `) AND EXISTS (SELECT 1 FROM ev) AND EXISTS (SELECT 1 FROM rec)),
+			'settle: a payment moved without its books, event or stored answer')`
+
+// settleOwned records the outcome of the charge this worker made for p,
+// which it reserved (own): in one statement (settleOneSQL), or in settle's
+// transaction when that statement failed for another reason than a lost
+// lease or a payment moved by another worker.
+func (s *Service) settleOwned(ctx context.Context, p Payment, to Status, d details, lease time.Time, call callRecord) (Record, error) {
+	rec, err := s.settleOne(ctx, p, to, d, lease, call)
+	switch {
+	case err == nil:
+		return rec, nil
+	case errors.Is(err, ErrLeaseLost):
+		s.recordCall(ctx, p.OperationID, call) // the statement wrote nothing
+		return Record{}, err
+	case errors.Is(err, errStateChanged):
+		return Record{}, err // the call was recorded
+	}
+	s.log.Warn("payments: settle in one statement; trying in a transaction", "operation_id", p.OperationID, "err", err)
+	return s.settle(ctx, p.OperationID, StatusProcessing, to, d, &lease, &call)
+}
+
+func (s *Service) settleOne(ctx context.Context, p Payment, to Status, d details, lease time.Time, call callRecord) (Record, error) {
+	d = s.inquiries(to, d)
+	// What the statement makes of p: transitionSet's columns, as the event
+	// and the key's stored answer carry them.
+	next := p
+	next.Status, next.FailureCode, next.ResolvedBy = to, d.failureCode, d.resolvedBy
+	if d.providerRef != "" {
+		next.ProviderRef = d.providerRef
+	}
+	var eventType, books string
+	switch to {
+	case StatusCompleted:
+		eventType, books = EventCompleted, ReservationFinalized
+	case StatusFailed:
+		eventType, books = EventFailed, ReservationReleased
+	case StatusUnknown:
+		eventType = EventUnknown // the reservation stays active: money may have moved
+	default:
+		return Record{}, fmt.Errorf("payments: no transition to %q", to)
+	}
+	w, err := eventWrite(ctx, nil, s.cfg.Topic, eventType, next, time.Time{}, nil)
+	if err != nil {
+		return Record{}, err
+	}
+	status, body := storedResponse(next)
+	args := s.callArgs(p.OperationID, call)
+	args["fence"], args["from"] = lease, string(StatusProcessing)
+	args["response_status"], args["response_body"] = status, string(body)
+	d.bind(args, to)
+	bindBooks(args, p, books)
+	w.Bind(args, "ev")
+	var held, moved bool
+	var stored []byte // the answer as the key keeps it (jsonb's text), for replays to match
+	err = queryOne(ctx, s.pool, settleOneSQL, args, func(row pgx.Rows) error { return row.Scan(&held, &moved, &stored, new(bool)) })
+	switch {
+	case err != nil:
+		return Record{}, fmt.Errorf("payments: settle %s as %s: %w", p.OperationID, to, err)
+	case !held:
+		return Record{}, ErrLeaseLost
+	case !moved:
+		return Record{}, errStateChanged
+	}
+	s.poke()
+	s.m.payments.WithLabelValues(string(to)).Inc()
+	return Record{MerchantID: p.MerchantID, Status: to, OperationID: p.OperationID, ResponseStatus: status, ResponseBody: stored}, nil
+}
+
+// inquiries sets when a settled payment's first inquiry is due: an unknown
+// one's, and the re-checks of one failed as provider_unavailable.
+func (s *Service) inquiries(to Status, d details) details {
 	if to == StatusUnknown {
 		d.inquireAfter = s.cfg.InquiryBackoff
 	}
@@ -57,6 +155,11 @@ func (s *Service) settleTx(ctx context.Context, op uuid.UUID, from, to Status, d
 		// discrepancy if the provider says it charged (never flips it).
 		d.inquireAfter = s.cfg.InquiryBackoff
 	}
+	return d
+}
+
+func (s *Service) settleTx(ctx context.Context, op uuid.UUID, from, to Status, d details, fence *time.Time, call *callRecord) (Record, error) {
+	d = s.inquiries(to, d)
 	rec, err := db.WithTxV(ctx, s.pool, func(tx pgx.Tx) (Record, error) {
 		switch {
 		case fence != nil && call != nil:
@@ -148,15 +251,9 @@ func Resolve(ctx context.Context, tx pgx.Tx, operationID uuid.UUID, outcome Outc
 	return p, err
 }
 
-// transition is the one place a payment changes state: UPDATE … WHERE
-// status = from makes it happen once, and the reservation, ledger, event
-// and stored response change in the same transaction, all stamped with the
-// payment's updated_at (nowArg, or the database clock when it is nil).
-func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d details, nowArg *time.Time, topic string) (Payment, Record, error) {
-	// Due inquiries: of an unknown payment, or the bounded re-checks of one
-	// failed as provider_unavailable (settle sets them); none otherwise.
-	p, err := scanPayment(tx.QueryRow(ctx, `
-		UPDATE payment SET
+// transitionSet is the SET list of a payment's UPDATE from one state to
+// @to (details.bind), stamped t.now: transition's, and settleOne's.
+const transitionSet = `
 			status = @to,
 			provider_ref = coalesce(nullif(@ref, ''), provider_ref),
 			failure_code = nullif(@code, ''),
@@ -164,13 +261,31 @@ func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d
 			next_inquiry_at = CASE WHEN @after::bigint > 0 THEN t.now + @after::bigint * interval '1 microsecond' END,
 			resolved_at = CASE WHEN @by <> '' THEN t.now ELSE resolved_at END,
 			resolved_by = nullif(@by, ''),
-			updated_at = t.now
+			updated_at = t.now`
+
+// bind sets transitionSet's arguments for a move to to.
+func (d details) bind(args pgx.NamedArgs, to Status) {
+	args["to"] = string(to)
+	args["ref"] = d.providerRef
+	args["code"] = d.failureCode
+	args["after"] = d.inquireAfter.Microseconds()
+	args["by"] = d.resolvedBy
+}
+
+// transition is the one place a payment changes state: UPDATE … WHERE
+// status = from makes it happen once, and the reservation, ledger, event
+// and stored response change in the same transaction, all stamped with the
+// payment's updated_at (nowArg, or the database clock when it is nil).
+func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d details, nowArg *time.Time, topic string) (Payment, Record, error) {
+	// Due inquiries: of an unknown payment, or the bounded re-checks of one
+	// failed as provider_unavailable (settle sets them); none otherwise.
+	args := pgx.NamedArgs{"op": op, "from": string(from), "now": nowArg}
+	d.bind(args, to)
+	p, err := scanPayment(tx.QueryRow(ctx, `
+		UPDATE payment SET `+transitionSet+`
 		FROM (SELECT `+dbNow+` AS now) t
 		WHERE operation_id = @op AND status = @from
-		RETURNING `+paymentCols, pgx.NamedArgs{
-		"op": op, "from": string(from), "to": string(to), "ref": d.providerRef, "code": d.failureCode,
-		"after": d.inquireAfter.Microseconds(), "by": d.resolvedBy, "now": nowArg,
-	}))
+		RETURNING `+paymentCols, args))
 	if errors.Is(err, ErrNotFound) {
 		if _, gerr := Get(ctx, tx, op); gerr != nil {
 			return Payment{}, Record{}, fmt.Errorf("payments: move %s to %s: %w", op, to, gerr)
@@ -221,34 +336,55 @@ func transition(ctx context.Context, tx pgx.Tx, op uuid.UUID, from, to Status, d
 // reserved amount is available again), in one statement: the account and
 // the ledger change only when the reservation was active.
 func moveBooks(ctx context.Context, tx pgx.Tx, p Payment, to string, now time.Time) error {
-	debit := to == ReservationFinalized
-	var moved int
-	err := tx.QueryRow(ctx, `
-		WITH r AS (
-			UPDATE balance_reservation SET status = $2, updated_at = $3
-			WHERE operation_id = $1 AND status = 'active'
-			RETURNING 1),
-		a AS (
-			UPDATE account SET balance = balance - CASE WHEN $6 THEN $5::numeric ELSE 0 END, reserved = reserved - $5::numeric, updated_at = $3
-			WHERE account_id = $4 AND EXISTS (SELECT 1 FROM r)
-			RETURNING 1),
-		l AS (
-			INSERT INTO ledger_entry (operation_id, account_id, entry_type, amount, currency, memo, created_at)
-			SELECT $1, $4, 'debit', $5::numeric, $7, $8, $3 WHERE $6 AND EXISTS (SELECT 1 FROM r)
-			RETURNING 1)
-		SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM a) + (SELECT count(*) FROM l)`,
-		p.OperationID, to, now, p.AccountID, p.Amount.StringFixed(2), debit, p.Currency, "payment "+p.InvoiceID).Scan(&moved)
+	args := pgx.NamedArgs{"now": now}
+	bindBooks(args, p, to)
+	var ok bool
+	err := tx.QueryRow(ctx, `WITH `+booksSQL("true", "@now::timestamptz")+` SELECT `+booksMoved, args).Scan(&ok)
 	if err != nil {
 		return fmt.Errorf("payments: move the books of %s to %s: %w", p.OperationID, to, err)
 	}
-	want := 2
-	if debit {
-		want = 3
-	}
-	if moved != want {
+	if !ok {
 		return fmt.Errorf("payments: operation %s has no active reservation (or its account is gone)", p.OperationID)
 	}
 	return nil
+}
+
+// booksSQL is moveBooks' statement as WITH items (books_r, books_a,
+// books_l), for it and for settleOne: when the condition when holds and
+// @books_to is not empty, the payment's active reservation becomes
+// @books_to, its account is debited (finalized) or freed (released), and a
+// finalized one gets its ledger debit, stamped at; the account and the
+// ledger change only when the reservation was active. booksMoved is true
+// when all of that happened.
+func booksSQL(when, at string) string {
+	return `books_r AS (
+			UPDATE balance_reservation SET status = @books_to, updated_at = ` + at + `
+			WHERE operation_id = @books_op AND status = 'active' AND @books_to <> '' AND ` + when + `
+			RETURNING 1),
+		books_a AS (
+			UPDATE account SET balance = balance - CASE WHEN @books_debit THEN @books_amount::numeric ELSE 0 END,
+				reserved = reserved - @books_amount::numeric, updated_at = ` + at + `
+			WHERE account_id = @books_account AND EXISTS (SELECT 1 FROM books_r)
+			RETURNING 1),
+		books_l AS (
+			INSERT INTO ledger_entry (operation_id, account_id, entry_type, amount, currency, memo, created_at)
+			SELECT @books_op, @books_account, 'debit', @books_amount::numeric, @books_currency, @books_memo, ` + at + `
+			WHERE @books_debit AND EXISTS (SELECT 1 FROM books_r)
+			RETURNING 1)`
+}
+
+const booksMoved = `(EXISTS (SELECT 1 FROM books_r) AND EXISTS (SELECT 1 FROM books_a) AND EXISTS (SELECT 1 FROM books_l) = @books_debit)`
+
+// bindBooks sets booksSQL's arguments: p's reservation moves to to
+// (ReservationFinalized or ReservationReleased; "" moves nothing).
+func bindBooks(args pgx.NamedArgs, p Payment, to string) {
+	args["books_op"] = p.OperationID
+	args["books_to"] = to
+	args["books_debit"] = to == ReservationFinalized
+	args["books_account"] = p.AccountID
+	args["books_amount"] = p.Amount.StringFixed(2)
+	args["books_currency"] = p.Currency
+	args["books_memo"] = "payment " + p.InvoiceID
 }
 
 // PaymentBody is the JSON a client sees for a payment.
