@@ -326,22 +326,17 @@ var errKeyTaken = errors.New("payments: the key has a record")
 // invoice holds its unique indexes) and *rejection; the transaction is then
 // rolled back and the caller answers.
 func (s *Service) reserve(ctx context.Context, rec Record, req Request, customer sealedCustomer) (Payment, time.Time, error) {
+	args, err := s.reserveArgs(rec, req, customer)
+	if err != nil {
+		return Payment{}, time.Time{}, err
+	}
 	var p Payment
 	var lease time.Time
-	err := db.WithTx(ctx, s.pool, func(tx pgx.Tx) error {
+	err = db.WithTx(ctx, s.pool, func(tx pgx.Tx) error {
 		// now is the transaction's one time, read back from the record, for
 		// every row and the event it writes.
 		var now time.Time
-		err := tx.QueryRow(ctx, `
-			INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, status, operation_id, locked_until, created_at, updated_at, expires_at)
-			SELECT @merchant, @key, @hash, 'processing', @op, t.now + @lease::bigint * interval '1 microsecond', t.now, t.now,
-			       t.now + @window::bigint * interval '1 microsecond'
-			FROM (SELECT `+dbNow+` AS now) t
-			ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
-			RETURNING locked_until, created_at`, pgx.NamedArgs{
-			"merchant": rec.MerchantID, "key": rec.Key, "hash": rec.RequestHash, "op": rec.OperationID, "now": s.nowArg(),
-			"lease": s.cfg.Lease.Microseconds(), "window": s.cfg.RetryWindow.Microseconds(),
-		}).Scan(&lease, &now)
+		err := tx.QueryRow(ctx, takeKeySQL("(SELECT "+dbNow+" AS now) t"), args).Scan(&lease, &now)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errKeyTaken
 		}
@@ -355,20 +350,10 @@ func (s *Service) reserve(ctx context.Context, rec Record, req Request, customer
 				return fmt.Errorf("payments: after ownership: %w", err)
 			}
 		}
-		custJSON, err := json.Marshal(customer.fields)
-		if err != nil {
-			return fmt.Errorf("payments: encode customer: %w", err)
-		}
-		p, err = scanPayment(tx.QueryRow(ctx, `
-			INSERT INTO payment (operation_id, merchant_id, invoice_id, payment_type, attempt, account_id, amount, currency, customer, customer_email_bidx, customer_tax_id_bidx, status, created_at, updated_at)
-			SELECT @op, @merchant, @invoice, @type,
-				(SELECT coalesce(max(attempt), 0) + 1 FROM payment WHERE merchant_id = @merchant AND invoice_id = @invoice AND payment_type = @type),
-				@account, @amount::numeric, @currency, @customer, @email_bidx, @tax_id_bidx, 'processing', @now, @now
-			FROM account a WHERE a.account_id = @account AND a.merchant_id = @merchant AND a.currency = @currency
-			RETURNING `+paymentCols, pgx.NamedArgs{
-			"op": rec.OperationID, "merchant": rec.MerchantID, "invoice": req.InvoiceID, "type": PaymentTypeCharge,
-			"account": req.AccountID, "amount": req.Amount.StringFixed(2), "currency": req.Currency, "customer": custJSON, "email_bidx": customer.emailBidx, "tax_id_bidx": customer.taxIDBidx, "now": now,
-		}))
+		args["at"] = now
+		p, err = scanPayment(tx.QueryRow(ctx, insertPaymentSQL(
+			"account a WHERE a.account_id = @account AND a.merchant_id = @merchant AND a.currency = @currency", "@at::timestamptz")+
+			` RETURNING `+paymentCols, args))
 		if db.Code(err) == db.CodeUniqueViolation {
 			switch db.Constraint(err) {
 			case "payment_business_identity", "payment_business_attempt":
@@ -403,49 +388,81 @@ func (s *Service) reserve(ctx context.Context, rec Record, req Request, customer
 	return p, lease, nil
 }
 
-// reserveOneSQL is reserve's transaction as one statement, sent on its own
-// (its implicit transaction: one round trip and one commit instead of six
-// statements). Each write happens only when the one before it returned its
-// row: the account's row lock taken without waiting, on an account of the
-// merchant, in the currency, that covers the amount (l) → the key (rec; a
-// key already taken stops everything here) → the reservation (u) → the
-// payment (p; an invoice whose unique indexes are taken makes the whole
-// statement fail) → its balance_reservation row (r) and payment.requested.v1
-// (ev, its attempt number and time completed here). sluice_assert refuses
-// to commit a key without the rest. When l returns no covering row nothing
-// is written, and reserve's transaction decides (a rejection, or a wait on
-// a hot account's lock that it measures).
-var reserveOneSQL = `
-	WITH t AS (SELECT ` + dbNow + ` AS now),
-	l AS (
-		SELECT balance - reserved >= @amount::numeric AS covers FROM account
-		WHERE account_id = @account AND merchant_id = @merchant AND currency = @currency
-		FOR NO KEY UPDATE SKIP LOCKED),
-	rec AS (
+// takeKeySQL inserts the key's record, processing under a lease, at t.now
+// when the FROM item from (which provides t) has its row; RETURNING the
+// lease and the time, or nothing when the key is taken.
+func takeKeySQL(from string) string {
+	return `
 		INSERT INTO idempotency_record (merchant_id, idempotency_key, request_hash, status, operation_id, locked_until, created_at, updated_at, expires_at)
 		SELECT @merchant, @key, @hash, 'processing', @op, t.now + @lease::bigint * interval '1 microsecond', t.now, t.now,
 		       t.now + @window::bigint * interval '1 microsecond'
-		FROM t WHERE EXISTS (SELECT 1 FROM l WHERE covers)
+		FROM ` + from + `
 		ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
-		RETURNING locked_until, created_at),
-	u AS (
-		UPDATE account SET reserved = reserved + @amount::numeric, updated_at = rec.created_at
-		FROM rec WHERE account_id = @account AND balance - reserved >= @amount::numeric
-		RETURNING 1),
-	p AS (
+		RETURNING locked_until, created_at`
+}
+
+// insertPaymentSQL inserts the payment as its invoice's next attempt, at
+// the time at, when the FROM item from has its row.
+func insertPaymentSQL(from, at string) string {
+	return `
 		INSERT INTO payment (operation_id, merchant_id, invoice_id, payment_type, attempt, account_id, amount, currency, customer, customer_email_bidx, customer_tax_id_bidx, status, created_at, updated_at)
 		SELECT @op, @merchant, @invoice, @type,
 			(SELECT coalesce(max(attempt), 0) + 1 FROM payment WHERE merchant_id = @merchant AND invoice_id = @invoice AND payment_type = @type),
-			@account, @amount::numeric, @currency, @customer, @email_bidx, @tax_id_bidx, 'processing', rec.created_at, rec.created_at
-		FROM rec WHERE EXISTS (SELECT 1 FROM u)
+			@account, @amount::numeric, @currency, @customer, @email_bidx, @tax_id_bidx, 'processing', ` + at + `, ` + at + `
+		FROM ` + from
+}
+
+// reserveArgs are takeKeySQL's and insertPaymentSQL's arguments.
+func (s *Service) reserveArgs(rec Record, req Request, customer sealedCustomer) (pgx.NamedArgs, error) {
+	custJSON, err := json.Marshal(customer.fields)
+	if err != nil {
+		return nil, fmt.Errorf("payments: encode customer: %w", err)
+	}
+	return pgx.NamedArgs{
+		"merchant": rec.MerchantID, "key": rec.Key, "hash": rec.RequestHash, "op": rec.OperationID, "now": s.nowArg(),
+		"lease": s.cfg.Lease.Microseconds(), "window": s.cfg.RetryWindow.Microseconds(),
+		"invoice": req.InvoiceID, "type": PaymentTypeCharge, "account": req.AccountID, "amount": req.Amount.StringFixed(2), "currency": req.Currency,
+		"customer": custJSON, "email_bidx": customer.emailBidx, "tax_id_bidx": customer.taxIDBidx,
+	}, nil
+}
+
+// reserveOneSQL is reserve's transaction as one statement, sent on its own
+// (its implicit transaction: one round trip and one commit instead of six
+// statements). Each write happens only when the one before it returned its
+// row: the key (rec; a key already taken stops everything here) → the
+// account's row lock taken without waiting, on an account of the merchant,
+// in the currency, that covers the amount (l) → the reservation (u) → the
+// payment (p; an invoice whose unique indexes are taken makes the whole
+// statement fail) → its balance_reservation row (r) and payment.requested.v1
+// (ev, its attempt number and time completed here). The key comes before
+// the account's lock, as in reserve's transaction: a statement that held
+// the lock while it waited for a same-key request's uncommitted key, which
+// waits for the lock in reserve's transaction, would deadlock. When the
+// account does not take the reservation here (not the merchant's, another
+// currency, not covered, or locked), sluice_assert refuses the key without
+// the rest (SQLSTATE SL001): nothing is written, and reserve's transaction
+// decides (a rejection, or a wait on a hot account's lock that it measures).
+var reserveOneSQL = `
+	WITH t AS (SELECT ` + dbNow + ` AS now),
+	rec AS (` + takeKeySQL("t") + `),
+	l AS (
+		SELECT account_id FROM account
+		WHERE account_id = @account AND merchant_id = @merchant AND currency = @currency
+			AND balance - reserved >= @amount::numeric AND EXISTS (SELECT 1 FROM rec)
+		FOR NO KEY UPDATE SKIP LOCKED),
+	u AS (
+		UPDATE account SET reserved = reserved + @amount::numeric, updated_at = rec.created_at
+		FROM rec WHERE account_id = (SELECT account_id FROM l) AND balance - reserved >= @amount::numeric
+		RETURNING 1),
+	p AS (` + insertPaymentSQL("rec WHERE EXISTS (SELECT 1 FROM u)", "rec.created_at") + `
 		RETURNING ` + paymentCols + `),
 	r AS (
 		INSERT INTO balance_reservation (operation_id, account_id, amount, status, created_at, updated_at)
 		SELECT @op, @account, @amount::numeric, 'active', p.created_at, p.created_at FROM p
 		RETURNING 1),
 	` + outbox.WriteSQL("ev", "p", `jsonb_set(jsonb_set(@ev_payload::jsonb, '{attempt}', to_jsonb(p.attempt)), '{occurred_at}', `+jsonTime("p.created_at")+`)`) + `
-	SELECT EXISTS (SELECT 1 FROM l WHERE covers), (SELECT locked_until FROM rec),
-		sluice_assert(NOT EXISTS (SELECT 1 FROM rec) OR (EXISTS (SELECT 1 FROM r) AND EXISTS (SELECT 1 FROM ev)), 'reserve: a key without its payment, reservation or event'),
+	SELECT (SELECT locked_until FROM rec),
+		sluice_assert(NOT EXISTS (SELECT 1 FROM rec) OR (EXISTS (SELECT 1 FROM r) AND EXISTS (SELECT 1 FROM ev)), 'reserve: the key taken without the payment'),
 		p.* -- paymentCols, as RETURNING made them
 	FROM (SELECT 1) AS one LEFT JOIN p ON true`
 
@@ -455,13 +472,16 @@ func jsonTime(at string) string {
 	return `to_jsonb(to_char(` + at + ` AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))`
 }
 
+// codeStatementRefused is sluice_assert's SQLSTATE (migration 00022).
+const codeStatementRefused = "SL001"
+
 // reserveOne is reserve in one statement (reserveOneSQL) for the common
 // case. done is false when it wrote nothing and reserve's transaction must
 // decide; errKeyTaken and errInvoiceTaken are answers, as reserve's.
 func (s *Service) reserveOne(ctx context.Context, rec Record, req Request, customer sealedCustomer) (p Payment, lease time.Time, done bool, err error) {
-	custJSON, err := json.Marshal(customer.fields)
+	args, err := s.reserveArgs(rec, req, customer)
 	if err != nil {
-		return Payment{}, time.Time{}, false, fmt.Errorf("payments: encode customer: %w", err)
+		return Payment{}, time.Time{}, false, err
 	}
 	// The event as the statement will complete it: the attempt number and
 	// the time are the statement's.
@@ -471,32 +491,27 @@ func (s *Service) reserveOne(ctx context.Context, rec Record, req Request, custo
 	if err != nil {
 		return Payment{}, time.Time{}, false, err
 	}
-	args := pgx.NamedArgs{
-		"merchant": rec.MerchantID, "key": rec.Key, "hash": rec.RequestHash, "op": rec.OperationID, "now": s.nowArg(),
-		"lease": s.cfg.Lease.Microseconds(), "window": s.cfg.RetryWindow.Microseconds(),
-		"invoice": req.InvoiceID, "type": PaymentTypeCharge, "account": req.AccountID, "amount": req.Amount.StringFixed(2), "currency": req.Currency,
-		"customer": custJSON, "email_bidx": customer.emailBidx, "tax_id_bidx": customer.taxIDBidx,
-	}
 	w.Bind(args, "ev")
-	var covers bool
 	var locked *time.Time
 	err = queryOne(ctx, s.pool, reserveOneSQL, args, func(row pgx.Rows) error {
 		// Without a payment its columns are NULL: read the flags alone first.
 		flags := make([]any, len(row.FieldDescriptions()))
-		flags[0], flags[1] = &covers, &locked
+		flags[0] = &locked
 		if err := row.Scan(flags...); err != nil || locked == nil {
 			return err
 		}
-		p, err = scanPayment(prefixed{row, []any{nil, nil, nil}})
+		p, err = scanPayment(prefixed{row, []any{nil, nil}})
 		return err
 	})
 	switch {
 	case db.Code(err) == db.CodeUniqueViolation && (db.Constraint(err) == "payment_business_identity" || db.Constraint(err) == "payment_business_attempt"):
 		return Payment{}, time.Time{}, false, errInvoiceTaken
+	case db.Code(err) == codeStatementRefused:
+		// The key was free but the account did not take the reservation
+		// here: the statement rolled back whole, the transaction decides.
+		return Payment{}, time.Time{}, false, nil
 	case err != nil:
 		return Payment{}, time.Time{}, false, fmt.Errorf("payments: reserve %s: %w", rec.OperationID, err)
-	case !covers:
-		return Payment{}, time.Time{}, false, nil
 	case locked == nil:
 		return Payment{}, time.Time{}, false, errKeyTaken
 	}

@@ -373,7 +373,7 @@ func booksSQL(when, at string) string {
 			RETURNING 1)`
 }
 
-const booksMoved = `(EXISTS (SELECT 1 FROM books_r) AND EXISTS (SELECT 1 FROM books_a) AND EXISTS (SELECT 1 FROM books_l) = @books_debit)`
+const booksMoved = `(EXISTS (SELECT 1 FROM books_r) AND EXISTS (SELECT 1 FROM books_a) AND (EXISTS (SELECT 1 FROM books_l) = @books_debit))`
 
 // bindBooks sets booksSQL's arguments: p's reservation moves to to
 // (ReservationFinalized or ReservationReleased; "" moves nothing).
