@@ -466,6 +466,9 @@ var reserveOneSQL = `
 		p.* -- paymentCols, as RETURNING made them
 	FROM (SELECT 1) AS one LEFT JOIN p ON true`
 
+// reserveOneStmt is reserveOneSQL rewritten to $n placeholders once.
+var reserveOneStmt = db.NewNamed(reserveOneSQL)
+
 // jsonTime is the JSON string of the timestamptz expression at, in UTC with
 // microseconds (RFC 3339), as the database's time completes an event.
 func jsonTime(at string) string {
@@ -493,7 +496,7 @@ func (s *Service) reserveOne(ctx context.Context, rec Record, req Request, custo
 	}
 	w.Bind(args, "ev")
 	var locked *time.Time
-	err = queryOne(ctx, s.pool, reserveOneSQL, args, func(row pgx.Rows) error {
+	err = queryOne(ctx, s.pool, reserveOneStmt, args, func(row pgx.Rows) error {
 		// Without a payment its columns are NULL: read the flags alone first.
 		flags := make([]any, len(row.FieldDescriptions()))
 		flags[0] = &locked
@@ -524,8 +527,8 @@ func (s *Service) reserveOne(ctx context.Context, rec Record, req Request, custo
 // scan; the statement's error counts even after its row came (the WITH
 // items of a writing statement finish, and its constraints are checked,
 // after the row is sent), and then whatever scan read is void.
-func queryOne(ctx context.Context, q db.Querier, sql string, args pgx.NamedArgs, scan func(pgx.Rows) error) error {
-	rows, err := q.Query(ctx, sql, args)
+func queryOne(ctx context.Context, q db.Querier, st db.Named, args pgx.NamedArgs, scan func(pgx.Rows) error) error {
+	rows, err := q.Query(ctx, st.SQL(), st.Args(args)...)
 	if err != nil {
 		return err
 	}

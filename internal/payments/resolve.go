@@ -76,6 +76,9 @@ var settleOneSQL = `
 		sluice_assert(NOT EXISTS (SELECT 1 FROM p) OR ((@books_to = '' OR ` + booksMoved + `) AND EXISTS (SELECT 1 FROM ev) AND EXISTS (SELECT 1 FROM rec)),
 			'settle: a payment moved without its books, event or stored answer')`
 
+// settleOneStmt is settleOneSQL rewritten to $n placeholders once.
+var settleOneStmt = db.NewNamed(settleOneSQL)
+
 // settleOwned records the outcome of the charge this worker made for p,
 // which it reserved (own): in one statement (settleOneSQL), or in settle's
 // transaction when that statement failed for another reason than a lost
@@ -128,7 +131,7 @@ func (s *Service) settleOne(ctx context.Context, p Payment, to Status, d details
 	w.Bind(args, "ev")
 	var held, moved bool
 	var stored []byte // the answer as the key keeps it (jsonb's text), for replays to match
-	err = queryOne(ctx, s.pool, settleOneSQL, args, func(row pgx.Rows) error { return row.Scan(&held, &moved, &stored, new(bool)) })
+	err = queryOne(ctx, s.pool, settleOneStmt, args, func(row pgx.Rows) error { return row.Scan(&held, &moved, &stored, new(bool)) })
 	switch {
 	case err != nil:
 		return Record{}, fmt.Errorf("payments: settle %s as %s: %w", p.OperationID, to, err)

@@ -52,7 +52,10 @@ type options struct {
 	poolSize    int
 	explain     bool
 
-	payPool     int // P1's service pool
+	payPool     int    // P1's service pool
+	payProvider string // P1's provider: inproc or http
+	paySQL      string // P1: SQL run on the service's database after its migration (what-if runs)
+	payTrace    string // P1: file for the open loop's latencies
 	workloads   string
 	consumeRows int
 }
@@ -75,6 +78,9 @@ func main() {
 	flag.StringVar(&o.profileSys, "profile", "relay", "system whose runs -cpuprofile covers")
 	flag.IntVar(&o.poolSize, "pool", 10, "connections per system's pool (the same for all)")
 	flag.IntVar(&o.payPool, "payments-pool", 32, "P1: the payments service's database pool (PAYMENTS_DB_POOL_SIZE)")
+	flag.StringVar(&o.payProvider, "payments-provider", "inproc", "P1: the simulated provider: inproc (a Go call that succeeds at once, as BENCH.md defines P1) or http (provider.Client to provider.Simulator over loopback HTTP: both on the bench's cores)")
+	flag.StringVar(&o.paySQL, "payments-sql", "", "P1: SQL run on the service's database after its migration, for what-if runs (e.g. 'DROP INDEX payment_invoice_idx'); the run is then not the product's")
+	flag.StringVar(&o.payTrace, "payments-trace", "", "P1: write the open loop's requests (ms after its start, latency in ms) to FILE-<run>.csv")
 	flag.BoolVar(&o.explain, "explain", false, "print EXPLAIN (ANALYZE, BUFFERS) of the claim and mark half-way through a drain of -rows, then exit")
 	flag.StringVar(&o.workloads, "workloads", "", "comma list of workloads (default all): "+strings.Join(workloadNames(), ","))
 	flag.IntVar(&o.consumeRows, "consume-rows", 0, "C1 (consume, consume-drain) events (default 200000; quick 50000; the order check of issue 12 uses 1000000)")
@@ -92,6 +98,10 @@ func main() {
 	def(&o.runs, 3, 1)
 	def(&o.pgbenchSecs, 20, 8)
 	def(&o.consumeRows, 200000, 50000)
+	if o.payProvider != "inproc" && o.payProvider != "http" {
+		log.Printf("benchrun: -payments-provider %q: want inproc or http", o.payProvider)
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -1,10 +1,11 @@
 package main
 
 // P1 payments (BENCH.md): the real payments service — HTTP, API key,
-// idempotency record, reservation, the simulated provider over HTTP on
-// localhost, settlement — driven by concurrent POST /v1/payments with new
-// keys plus 10% retries of old keys, against `pgbench -N` TPS with the same
-// number of clients measured right before each run on the same server.
+// idempotency record, reservation, the simulated provider in-process (or,
+// with -payments-provider http, provider.Client to provider.Simulator over
+// loopback HTTP), settlement — driven by concurrent POST /v1/payments with
+// new keys plus 10% retries of old keys, against `pgbench -N` TPS with the
+// same number of clients measured right before each run on the same server.
 // Then an open loop at half the measured rate for the latency.
 
 import (
@@ -77,6 +78,8 @@ type paymentsRun struct {
 type paymentsReport struct {
 	Clients     int           `json:"clients"`
 	Pool        int           `json:"db_pool_size"`
+	Provider    string        `json:"provider"`
+	WhatIfSQL   string        `json:"what_if_sql,omitempty"`
 	Seconds     int           `json:"seconds_per_phase"`
 	Runs        []paymentsRun `json:"runs"`
 	MedianRatio float64       `json:"median_ratio"`
@@ -97,6 +100,20 @@ func (t *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx
 	return ctx
 }
 func (t *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// instantProvider is the simulated provider in-process, as BENCH.md defines
+// P1: every charge succeeds at once (provider.Simulator's default), with no
+// socket between the service and it, so the run measures the service and
+// its database rather than a provider's HTTP server sharing their cores.
+type instantProvider struct{}
+
+func (instantProvider) Charge(_ context.Context, req provider.ChargeRequest) (provider.Result, error) {
+	return provider.Result{OperationID: req.OperationID, Outcome: provider.Succeeded, ProviderRef: "sim_" + req.OperationID.String()[:8]}, nil
+}
+
+func (instantProvider) Inquire(_ context.Context, op uuid.UUID) (provider.Result, error) {
+	return provider.Result{OperationID: op, Outcome: provider.Succeeded, ProviderRef: "sim_" + op.String()[:8]}, nil
+}
 
 // timedProvider measures the provider round trips.
 type timedProvider struct {
@@ -142,12 +159,12 @@ func runPaymentsWorkload(ctx context.Context, o options, admin *pgx.Conn, suffix
 	if out, err := exec.CommandContext(ctx, "pgbench", "-i", "-q", "-s", "10", pgbURL).CombinedOutput(); err != nil {
 		return fmt.Errorf("pgbench -i: %w: %s", err, out)
 	}
-	env, stop, err := startPayments(ctx, withDB(o.adminURL, name), clients, poolSize)
+	env, stop, err := startPayments(ctx, withDB(o.adminURL, name), clients, poolSize, o.payProvider, o.paySQL)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	pr := &paymentsReport{Clients: clients, Pool: poolSize, Seconds: secs, Goal: paymentsGoal}
+	pr := &paymentsReport{Clients: clients, Pool: poolSize, Provider: o.payProvider, WhatIfSQL: o.paySQL, Seconds: secs, Goal: paymentsGoal}
 	// Warm up: connections, prepared statements, the HTTP keep-alives.
 	if _, err := env.closedLoop(ctx, 2*time.Second); err != nil {
 		return err
@@ -171,6 +188,9 @@ func runPaymentsWorkload(ctx context.Context, o options, admin *pgx.Conn, suffix
 		// The service's idle connections are closed while pgbench runs: a
 		// shared server's max_connections is not ours alone.
 		env.pool.Reset()
+		if err := quiesce(ctx, admin); err != nil {
+			return err
+		}
 		srv0, self0 := serverCPU(), childCPU()
 		if run.PgbenchTPS, err = pgbenchN(ctx, pgbURL, clients, secs); err != nil {
 			return err
@@ -179,6 +199,9 @@ func runPaymentsWorkload(ctx context.Context, o options, admin *pgx.Conn, suffix
 		srvTx := float64((serverCPU() - srv0).Microseconds()) / 1000 / pgbTx
 		benchTx := float64((childCPU() - self0).Microseconds()) / 1000 / pgbTx
 		if _, err := env.closedLoop(ctx, time.Second); err != nil { // reconnect, prepare
+			return err
+		}
+		if err := quiesce(ctx, admin); err != nil {
 			return err
 		}
 		srv0 = serverCPU()
@@ -193,7 +216,14 @@ func runPaymentsWorkload(ctx context.Context, o options, admin *pgx.Conn, suffix
 		res.Load, res.PgbenchTPS = run.Load, run.PgbenchTPS
 		res.Ratio = res.PaymentsPerSec / res.PgbenchTPS
 		res.OpenRate = res.PaymentsPerSec / 2
-		if err := env.openLoop(ctx, time.Duration(secs)*time.Second, &res); err != nil {
+		if err := quiesce(ctx, admin); err != nil {
+			return err
+		}
+		trace := ""
+		if o.payTrace != "" {
+			trace = fmt.Sprintf("%s-%d.csv", o.payTrace, r+1)
+		}
+		if err := env.openLoop(ctx, time.Duration(secs)*time.Second, &res, trace); err != nil {
 			return err
 		}
 		pr.Runs = append(pr.Runs, res)
@@ -221,12 +251,32 @@ func printPayments(pr *paymentsReport) {
 		return
 	}
 	mark := func(ok bool) string { return map[bool]string{true: "✓", false: "✗"}[ok] }
-	fmt.Printf("\nP1 payments (%d clients, service pool %d, %d s per phase, %d run(s))\n", pr.Clients, pr.Pool, pr.Seconds, len(pr.Runs))
+	fmt.Printf("\nP1 payments (%d clients, service pool %d, provider %s, %d s per phase, %d run(s))\n", pr.Clients, pr.Pool, pr.Provider, pr.Seconds, len(pr.Runs))
+	if pr.WhatIfSQL != "" {
+		fmt.Printf("what-if: the service's schema was changed by -payments-sql (not the product's): %s\n", pr.WhatIfSQL)
+	}
 	fmt.Printf("payments/s ÷ pgbench -N TPS: %.3f× (%.3f–%.3f), goal %.2f× %s\n", pr.MedianRatio, pr.MinRatio, pr.MaxRatio, pr.Goal, mark(pr.MeetsGoal))
 	fmt.Printf("open loop at half the rate: p99 %.1f ms, goal ≤ %d ms %s\n", pr.MedianP99Ms, paymentsP99Goal.Milliseconds(), mark(pr.MeetsP99))
 }
 
-func startPayments(ctx context.Context, url string, clients, poolSize int) (*paymentsEnv, func(), error) {
+// quiesce writes out what earlier phases left dirty before a measured phase
+// starts: a CHECKPOINT (shared buffers to the files, and their fsync), then
+// sync(2) for what is left in the kernel's page cache. Without it, pgbench
+// -i's ~160 MB and the previous phase's writes reached the disk 30 s later
+// (the kernel's dirty_expire) in the middle of the next phase, and the WAL
+// flushes of that phase waited behind them: open-loop stalls of 50-250 ms
+// that were the harness's, not the service's (seen with -payments-trace and
+// vmstat: 56-100 MB written back in one second, every request queued behind
+// a WALSync). Every phase, pgbench's included, starts this way.
+func quiesce(ctx context.Context, admin *pgx.Conn) error {
+	if _, err := admin.Exec(ctx, `CHECKPOINT`); err != nil {
+		return fmt.Errorf("P1: checkpoint before a phase: %w", err)
+	}
+	syscall.Sync()
+	return nil
+}
+
+func startPayments(ctx context.Context, url string, clients, poolSize int, prov, whatIf string) (*paymentsEnv, func(), error) {
 	var stops []func()
 	stop := func() {
 		for i := len(stops) - 1; i >= 0; i-- {
@@ -248,6 +298,11 @@ func startPayments(ctx context.Context, url string, clients, poolSize int) (*pay
 	stops = append(stops, pool.Close)
 	if _, err := db.Migrate(ctx, pool); err != nil {
 		return fail(fmt.Errorf("migrate payments: %w", err))
+	}
+	if whatIf != "" {
+		if _, err := pool.Exec(ctx, whatIf); err != nil {
+			return fail(fmt.Errorf("-payments-sql: %w", err))
+		}
 	}
 	keys, blind, err := pii.GenerateSpec("b1")
 	if err != nil {
@@ -271,13 +326,20 @@ func startPayments(ctx context.Context, url string, clients, poolSize int) (*pay
 			return fail(err)
 		}
 	}
-	sim := provider.NewSimulator(provider.SimConfig{})
-	if err := sim.Start("127.0.0.1:0"); err != nil {
-		return fail(err)
+	timed := &timedProvider{Provider: instantProvider{}}
+	switch prov {
+	case "inproc":
+	case "http":
+		sim := provider.NewSimulator(provider.SimConfig{})
+		if err := sim.Start("127.0.0.1:0"); err != nil {
+			return fail(err)
+		}
+		stops = append(stops, func() { _ = sim.Close() })
+		timed.Provider = provider.NewClient(sim.URL(), 5*time.Second)
+	default:
+		return fail(fmt.Errorf("-payments-provider %q: want inproc or http", prov))
 	}
-	stops = append(stops, func() { _ = sim.Close() })
-	prov := &timedProvider{Provider: provider.NewClient(sim.URL(), 5*time.Second)}
-	svc, err := payments.NewService(pool, prov, kr, payments.Config{}, nil, nil)
+	svc, err := payments.NewService(pool, timed, kr, payments.Config{}, nil, nil)
 	if err != nil {
 		return fail(err)
 	}
@@ -298,7 +360,7 @@ func startPayments(ctx context.Context, url string, clients, poolSize int) (*pay
 	go func() { _ = srv.Serve(ln) }()
 	stops = append(stops, func() { _ = srv.Close() })
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConns: 4 * clients, MaxIdleConnsPerHost: 4 * clients}}
-	return &paymentsEnv{pool: pool, tracer: tr, prov: prov, url: "http://" + ln.Addr().String() + "/v1/payments", apiKey: apiKey, hc: hc, clients: clients}, stop, nil
+	return &paymentsEnv{pool: pool, tracer: tr, prov: timed, url: "http://" + ln.Addr().String() + "/v1/payments", apiKey: apiKey, hc: hc, clients: clients}, stop, nil
 }
 
 // pay sends one payment request; it returns the status.
@@ -402,8 +464,10 @@ func (e *paymentsEnv) closedLoop(ctx context.Context, d time.Duration) (payments
 
 // openLoop sends new payments at res.OpenRate for d on a fixed schedule;
 // a request's latency counts from its scheduled time, so a stall delays
-// every request behind it and shows in the percentiles.
-func (e *paymentsEnv) openLoop(ctx context.Context, d time.Duration, res *paymentsRun) error {
+// every request behind it and shows in the percentiles. With trace, every
+// request's schedule and latency are written there (where the tail came
+// from: a stall shows as latencies falling by the interval from one peak).
+func (e *paymentsEnv) openLoop(ctx context.Context, d time.Duration, res *paymentsRun, trace string) error {
 	if res.OpenRate <= 0 {
 		return errors.New("P1: no rate for the open loop")
 	}
@@ -430,6 +494,16 @@ func (e *paymentsEnv) openLoop(ctx context.Context, d time.Duration, res *paymen
 		}()
 	}
 	wg.Wait()
+	if trace != "" {
+		var b strings.Builder
+		fmt.Fprintf(&b, "# open loop at %.0f/s from %s UTC: scheduled ms, latency ms\n", res.OpenRate, start.UTC().Format("15:04:05.000"))
+		for i, l := range lat {
+			fmt.Fprintf(&b, "%d,%.3f\n", (time.Duration(i) * interval).Milliseconds(), ms(l))
+		}
+		if err := os.WriteFile(trace, []byte(b.String()), 0o644); err != nil {
+			return fmt.Errorf("P1: -payments-trace: %w", err)
+		}
+	}
 	res.OpenP50Ms, res.OpenP99Ms, res.OpenErrors = pctMs(lat, 0.50), pctMs(lat, 0.99), errs.Load()
 	if res.OpenErrors > 0 {
 		return fmt.Errorf("P1 open loop: %d requests did not answer 201", res.OpenErrors)
