@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 var countTopics = []string{"count.a", "count.b", "count.c"}
@@ -252,6 +253,23 @@ func TestBacklogCountsStayExactUnderAConcurrentMix(t *testing.T) {
 		return
 	}
 	bg := context.Background()
+	// A statement the cancel interrupted can still be running on the server
+	// after its goroutine returned (pgx cancels and drops the connection; the
+	// backend notices later): a recount still holding backlogCountLock makes
+	// the final compaction below do nothing, as it must. The checks start
+	// when no other session of this database runs a statement or holds a
+	// lock.
+	testkit.Eventually(t, "the mix's statements ended on the server", func() (bool, error) {
+		var busy int
+		err := pool.QueryRow(bg, `
+			SELECT count(*) FROM pg_stat_activity
+			 WHERE datname = current_database() AND pid <> pg_backend_pid() AND state IS DISTINCT FROM 'idle'
+			   AND backend_type = 'client backend'`).Scan(&busy)
+		if err == nil && busy == 0 {
+			err = pool.QueryRow(bg, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&busy)
+		}
+		return err == nil && busy == 0, err
+	})
 	var published, died int64
 	for _, r := range relays {
 		published, died = published+r.Stats().Published, died+r.Stats().Dead
