@@ -12,7 +12,8 @@ import (
 // $n ones. pgx.NamedArgs lexes the whole SQL text on every call to do the
 // same; for the payments service's two long statements (reserve and
 // settle, a few KB each) that was about a tenth of the service's own CPU
-// per payment (bench/README.md, P1). Named keeps pgx's rewriting exactly:
+// per payment (bench/README.md, P1). outbox.Insert, every producer's
+// statement, is kept the same way. Named keeps pgx's rewriting exactly:
 // it is pgx's own rewrite, run once with every name the text could hold,
 // and Args orders a call's values by the names it found.
 type Named struct {
