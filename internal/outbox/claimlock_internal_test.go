@@ -1,0 +1,201 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/testkit"
+)
+
+// insertPending writes n pending events of n aggregates (one event each, so
+// the ordering rule holds none back) and returns their ids in id order.
+func insertPending(t *testing.T, pool *pgxpool.Pool, n int) []uuid.UUID {
+	t.Helper()
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		ids[i] = uuid.Must(uuid.NewV7())
+		if _, err := pool.Exec(context.Background(), `
+			INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload)
+			VALUES ($1, 'turns', $2, 1, 't', 'turns.v1', '{}')`, ids[i], fmt.Sprint("a", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
+
+// unusedPublisher stands in where only the claim runs: nothing is published.
+type unusedPublisher struct{ t *testing.T }
+
+func (p unusedPublisher) Publish(context.Context, broker.Message) error {
+	p.t.Error("Publish called in a test of the claim alone")
+	return errors.New("unused")
+}
+
+// advisoryWaiters counts the sessions of this database waiting for an
+// advisory lock.
+func advisoryWaiters(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `
+		SELECT count(*) FROM pg_stat_activity
+		 WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Claims take turns (claimLock). A claim that ran while another was still
+// uncommitted would take its snapshot before the other's leases and lock
+// the rows the other had just leased, holding up the other relay's mark.
+// Here a session plays a relay half-way through its claim: it holds the
+// claim lock and has leased the first half of the events, not committed.
+// The relay's claim must wait, not run beside it; once the session commits,
+// the claim takes exactly the other half, and the leased rows can be marked
+// while nothing holds them.
+func TestClaimsTakeTurns(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	ids := insertPending(t, pool, 20)
+	r, err := NewRelay(pool, unusedPublisher{t}, RelayConfig{Name: "b", BatchSize: 20, DisableListen: true}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	other, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx) //nolint:errcheck
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, claimLock); err != nil {
+		t.Fatal(err)
+	}
+	otherToken := uuid.New()
+	tag, err := other.Exec(ctx, `
+		UPDATE outbox_event SET lock_token = $2, locked_until = now() + interval '1 minute', attempts = attempts + 1
+		 WHERE id = ANY($1)`, ids[:10], otherToken)
+	if err != nil || tag.RowsAffected() != 10 {
+		t.Fatalf("lease the first half: %v rows, %v", tag.RowsAffected(), err)
+	}
+
+	type result struct {
+		got []claimed
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, _, err := r.claim(ctx, uuid.New())
+		done <- result{got, err}
+	}()
+	testkit.Until(t, "the relay's claim waits for the claim lock", func() bool { return advisoryWaiters(t, pool) == 1 })
+	select {
+	case res := <-done:
+		t.Fatalf("the claim ran beside an uncommitted claim: %d events, %v", len(res.got), res.err)
+	default:
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if len(res.got) != 10 {
+		t.Fatalf("claimed %d events, want the 10 the other claim did not lease", len(res.got))
+	}
+	for i, c := range res.got {
+		if c.ID != ids[10+i] {
+			t.Fatalf("claimed event %d is %s, want %s (the second half, in id order)", i, c.ID, ids[10+i])
+		}
+	}
+	// The other relay marks its half; NOWAIT fails at once if any row is
+	// still locked by someone.
+	tag, err = pool.Exec(ctx, `
+		WITH l AS (SELECT id FROM outbox_event WHERE id = ANY($1) FOR UPDATE NOWAIT)
+		UPDATE outbox_event e SET status = 'published', published_at = now(), locked_until = NULL
+		  FROM l WHERE e.id = l.id AND e.lock_token = $2`, ids[:10], otherToken)
+	if err != nil || tag.RowsAffected() != 10 {
+		t.Fatalf("mark the other half: %d rows, %v", tag.RowsAffected(), err)
+	}
+}
+
+// A claim given up while it waits for its turn (shutdown) leaves nothing
+// behind: no lease, no lock, no connection inside a transaction. The next
+// claim runs at once.
+func TestClaimGivenUpWhileWaitingLeavesNothing(t *testing.T) {
+	t.Parallel()
+	cfg := dbtest.Config(t)
+	cfg.MaxConns = 2 // the blocker's and the relay's: a leaked transaction would be reused
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx := context.Background()
+	insertPending(t, pool, 5)
+	r, err := NewRelay(pool, unusedPublisher{t}, RelayConfig{Name: "r", BatchSize: 10, DisableListen: true}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, claimLock); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := r.claim(cctx, uuid.New())
+		done <- err
+	}()
+	testkit.Until(t, "the claim waits for its turn", func() bool {
+		var n int
+		// The blocker's transaction keeps its first look at the activity
+		// view unless told to take a fresh one.
+		if _, err := blocker.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+			t.Fatal(err)
+		}
+		if err := blocker.QueryRow(ctx, `
+			SELECT count(*) FROM pg_stat_activity
+			 WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("claim given up = %v, want context.Canceled", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the claim did not return after its context was cancelled")
+	}
+	if err := blocker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := r.claim(ctx, uuid.New())
+	if err != nil || len(got) != 5 {
+		t.Fatalf("the next claim took %d events (%v), want all 5", len(got), err)
+	}
+	var held, leasedBefore int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE attempts <> 1`).Scan(&leasedBefore); err != nil {
+		t.Fatal(err)
+	}
+	if held != 0 || leasedBefore != 0 {
+		t.Fatalf("after the claims: %d advisory locks held, %d events charged other than once; want 0 and 0", held, leasedBefore)
+	}
+}
