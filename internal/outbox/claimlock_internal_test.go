@@ -188,14 +188,14 @@ func TestClaimGivenUpWhileWaitingLeavesNothing(t *testing.T) {
 	if err != nil || len(got) != 5 {
 		t.Fatalf("the next claim took %d events (%v), want all 5", len(got), err)
 	}
-	var held, leasedBefore int
+	var held, chargedOtherThanOnce int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE attempts <> 1`).Scan(&leasedBefore); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE attempts <> 1`).Scan(&chargedOtherThanOnce); err != nil {
 		t.Fatal(err)
 	}
-	if held != 0 || leasedBefore != 0 {
-		t.Fatalf("after the claims: %d advisory locks held, %d events charged other than once; want 0 and 0", held, leasedBefore)
+	if held != 0 || chargedOtherThanOnce != 0 {
+		t.Fatalf("after the claims: %d advisory locks held, %d events charged other than once; want 0 and 0", held, chargedOtherThanOnce)
 	}
 }
