@@ -101,6 +101,25 @@ func waitJS(ctx context.Context, t *testing.T, what, expr string) {
 	}
 }
 
+// clickLive clicks sel on a page whose live updates may replace the element
+// between chromedp finding it and clicking it (the approvals list reloads
+// when its signal arrives, also right after the page connects): chromedp
+// then reports the node gone, nothing was clicked, and the click is tried
+// again on the new element, a few times.
+func clickLive(sel string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		var err error
+		for range 5 {
+			_, err = chromedp.Click(chromedp.CSS(sel))(ctx, tg)
+			if err == nil || !strings.Contains(err.Error(), "Could not find node") {
+				return err
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return err
+	})
+}
+
 func browserLogin(ctx context.Context, t *testing.T, h *harness, user string) {
 	t.Helper()
 	err := chromedp.Do(ctx,
