@@ -78,11 +78,29 @@ func (c *consoleLog) problems() []string {
 
 func text(ctx context.Context, t *testing.T, sel string) string {
 	t.Helper()
-	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+	var (
+		s   string
+		err error
+	)
+	// A live page may replace the element between chromedp finding it and
+	// reading it; it is then read again (see nodeGone).
+	for range 5 {
+		if s, err = chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel))); !nodeGone(err) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatalf("read %s: %v", sel, err)
 	}
 	return strings.TrimSpace(s)
+}
+
+// nodeGone says whether chromedp failed because the element it had found was
+// replaced before it acted on it (a live fragment swapped in): nothing was
+// read or clicked, and acting again on the new element is safe.
+func nodeGone(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "Could not find node") || strings.Contains(err.Error(), "No node with given id"))
 }
 
 // waitJS polls a JavaScript condition with a generous deadline.
@@ -110,8 +128,7 @@ func clickLive(sel string) chromedp.Action[chromedp.Void] {
 	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
 		var err error
 		for range 5 {
-			_, err = chromedp.Click(chromedp.CSS(sel))(ctx, tg)
-			if err == nil || !strings.Contains(err.Error(), "Could not find node") {
+			if _, err = chromedp.Click(chromedp.CSS(sel))(ctx, tg); !nodeGone(err) {
 				return err
 			}
 			time.Sleep(100 * time.Millisecond)
