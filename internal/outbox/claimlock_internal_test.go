@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/testkit"
 )
@@ -39,12 +41,34 @@ func (p unusedPublisher) Publish(context.Context, broker.Message) error {
 	return errors.New("unused")
 }
 
-// advisoryWaiters counts the sessions of this database waiting for an
-// advisory lock.
-func advisoryWaiters(t *testing.T, pool *pgxpool.Pool) int {
+// holdClaimLock opens a transaction that holds the claim lock, as a relay
+// half-way through its claim does; the test commits it, or it is rolled
+// back at the end.
+func holdClaimLock(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
 	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, claimLock); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// advisoryWaiters counts the sessions of this database waiting for an
+// advisory lock, read through q (a pool, or a transaction: that keeps its
+// first look at the activity view unless told to take a fresh one).
+func advisoryWaiters(t *testing.T, q db.Querier) int {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := q.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+		t.Fatal(err)
+	}
 	var n int
-	if err := pool.QueryRow(context.Background(), `
+	if err := q.QueryRow(ctx, `
 		SELECT count(*) FROM pg_stat_activity
 		 WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n); err != nil {
 		t.Fatal(err)
@@ -70,14 +94,7 @@ func TestClaimsTakeTurns(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	other, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Rollback(ctx) //nolint:errcheck
-	if _, err := other.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, claimLock); err != nil {
-		t.Fatal(err)
-	}
+	other := holdClaimLock(t, pool)
 	otherToken := uuid.New()
 	tag, err := other.Exec(ctx, `
 		UPDATE outbox_event SET lock_token = $2, locked_until = now() + interval '1 minute', attempts = attempts + 1
@@ -138,40 +155,21 @@ func TestClaimGivenUpWhileWaitingLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close) // after the blocker's rollback (cleanups run last first)
 	ctx := context.Background()
 	insertPending(t, pool, 5)
 	r, err := NewRelay(pool, unusedPublisher{t}, RelayConfig{Name: "r", BatchSize: 10, DisableListen: true}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocker, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := blocker.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, claimLock); err != nil {
-		t.Fatal(err)
-	}
+	blocker := holdClaimLock(t, pool)
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
 		_, _, err := r.claim(cctx, uuid.New())
 		done <- err
 	}()
-	testkit.Until(t, "the claim waits for its turn", func() bool {
-		var n int
-		// The blocker's transaction keeps its first look at the activity
-		// view unless told to take a fresh one.
-		if _, err := blocker.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
-			t.Fatal(err)
-		}
-		if err := blocker.QueryRow(ctx, `
-			SELECT count(*) FROM pg_stat_activity
-			 WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 1
-	})
+	testkit.Until(t, "the claim waits for its turn", func() bool { return advisoryWaiters(t, blocker) == 1 })
 	cancel()
 	select {
 	case err := <-done:
