@@ -123,14 +123,14 @@ func TestReplayOf10000EventsIsAbsorbedByTheInbox(t *testing.T) {
 	r := newReplayRig(t, srv.ClientURL(), broker.Options{Namespace: "replay"}, "ledger")
 	const n = 10_000
 	r.seed(1000, n/1000)
-	testkit.Until(t, "the first delivery applied", func() bool { total, _ := r.effects("ledger"); return total >= n })
+	testkit.UntilCount(t, "the first delivery applied", n, func() int64 { total, _ := r.effects("ledger"); return int64(total) })
 
 	job := r.replay("")
 	if job.Matched != n {
 		t.Fatalf("replay matched %d, want %d", job.Matched, n)
 	}
 	c := r.consumers["ledger"]
-	testkit.Until(t, "every replayed message received", func() bool { return c.Counts().Duplicates >= n })
+	testkit.UntilCount(t, "every replayed message received", n, func() int64 { return c.Counts().Duplicates })
 	if total, distinct := r.effects("ledger"); total != n || distinct != n {
 		t.Fatalf("%d effects for %d events after the replay, want each of %d once", total, distinct, n)
 	}

@@ -34,6 +34,25 @@ func Eventually(t testing.TB, what string, cond func() (bool, error)) {
 	}
 }
 
+// UntilCount polls count until it reaches want. Long drains (thousands of
+// messages, each its own transaction) run at whatever pace a loaded machine
+// allows, so it fails only when the count has not moved for Deadline, not
+// when the whole drain takes longer than that; the failure gives the count.
+func UntilCount(t testing.TB, what string, want int64, count func() int64) {
+	t.Helper()
+	last := count()
+	deadline := time.Now().Add(Deadline)
+	for last < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s: stuck at %d of %d for %s", what, last, want, Deadline)
+		}
+		time.Sleep(10 * time.Millisecond)
+		if n := count(); n != last {
+			last, deadline = n, time.Now().Add(Deadline)
+		}
+	}
+}
+
 // Until is Eventually for a condition that cannot fail.
 func Until(t testing.TB, what string, cond func() bool) {
 	t.Helper()
