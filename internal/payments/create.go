@@ -368,6 +368,11 @@ func (s *Service) reserve(ctx context.Context, rec Record, req Request, customer
 		if err != nil {
 			return fmt.Errorf("payments: insert payment: %w", err)
 		}
+		if s.afterPayment != nil {
+			if err := s.afterPayment(p); err != nil {
+				return fmt.Errorf("payments: after the payment: %w", err)
+			}
+		}
 		ok, err := s.reserveBalance(ctx, tx, rec.OperationID, req.AccountID, req.Amount.StringFixed(2), now)
 		if err != nil {
 			return err
@@ -430,37 +435,46 @@ func (s *Service) reserveArgs(rec Record, req Request, customer sealedCustomer) 
 // (its implicit transaction: one round trip and one commit instead of six
 // statements). Each write happens only when the one before it returned its
 // row: the key (rec; a key already taken stops everything here) → the
-// account's row lock taken without waiting, on an account of the merchant,
-// in the currency, that covers the amount (l) → the reservation (u) → the
-// payment (p; an invoice whose unique indexes are taken makes the whole
-// statement fail) → its balance_reservation row (r) and payment.requested.v1
-// (ev, its attempt number and time completed here). The key comes before
-// the account's lock, as in reserve's transaction: a statement that held
-// the lock while it waited for a same-key request's uncommitted key, which
-// waits for the lock in reserve's transaction, would deadlock. When the
-// account does not take the reservation here (not the merchant's, another
-// currency, not covered, or locked), sluice_assert refuses the key without
-// the rest (SQLSTATE SL001): nothing is written, and reserve's transaction
-// decides (a rejection, or a wait on a hot account's lock that it measures).
+// payment, on an account of the merchant in the currency (p; an invoice
+// whose unique indexes are taken makes the whole statement fail) → the
+// account's row lock taken without waiting, when the account covers the
+// amount (l) → the reservation (u) → its balance_reservation row (r) →
+// payment.requested.v1 (ev, its attempt number and time completed here).
+//
+// The order is the one every path takes — the key, then the invoice, then
+// the account — because a statement that waits here holds what it took
+// before. The key comes before the account's lock, as in reserve's
+// transaction: a statement that held the lock while it waited for a
+// same-key request's uncommitted key, which waits for the lock in reserve's
+// transaction, would deadlock. The invoice comes before the lock for the
+// same reason: the payment insert waits for a racing attempt of the invoice
+// (reserve's transaction, which then waits for the account) or for a
+// settlement moving the invoice's live attempt (which then moves the
+// account); holding the account's lock while waiting there deadlocked
+// (TestReserveWaitsForTheInvoiceHoldingNoAccount). When the account does
+// not take the reservation here (not the merchant's, another currency, not
+// covered, or locked), sluice_assert refuses the key without the rest
+// (SQLSTATE SL001): nothing is written, and reserve's transaction decides
+// (a rejection, or a wait on a hot account's lock that it measures).
 var reserveOneSQL = `
 	WITH t AS (SELECT ` + dbNow + ` AS now),
 	rec AS (` + takeKeySQL("t") + `),
+	p AS (` + insertPaymentSQL("rec, account a WHERE a.account_id = @account AND a.merchant_id = @merchant AND a.currency = @currency", "rec.created_at") + `
+		RETURNING ` + paymentCols + `),
 	l AS (
 		SELECT account_id FROM account
-		WHERE account_id = @account AND merchant_id = @merchant AND currency = @currency
-			AND balance - reserved >= @amount::numeric AND EXISTS (SELECT 1 FROM rec)
+		WHERE account_id = @account AND balance - reserved >= @amount::numeric AND EXISTS (SELECT 1 FROM p)
 		FOR NO KEY UPDATE SKIP LOCKED),
 	u AS (
 		UPDATE account SET reserved = reserved + @amount::numeric, updated_at = rec.created_at
 		FROM rec WHERE account_id = (SELECT account_id FROM l) AND balance - reserved >= @amount::numeric
 		RETURNING 1),
-	p AS (` + insertPaymentSQL("rec WHERE EXISTS (SELECT 1 FROM u)", "rec.created_at") + `
-		RETURNING ` + paymentCols + `),
 	r AS (
 		INSERT INTO balance_reservation (operation_id, account_id, amount, status, created_at, updated_at)
-		SELECT @op, @account, @amount::numeric, 'active', p.created_at, p.created_at FROM p
+		SELECT @op, @account, @amount::numeric, 'active', p.created_at, p.created_at FROM p WHERE EXISTS (SELECT 1 FROM u)
 		RETURNING 1),
-	` + outbox.WriteSQL("ev", "p", `jsonb_set(jsonb_set(@ev_payload::jsonb, '{attempt}', to_jsonb(p.attempt)), '{occurred_at}', `+jsonTime("p.created_at")+`)`) + `
+	reserved AS (SELECT p.attempt, p.created_at FROM p WHERE EXISTS (SELECT 1 FROM r)),
+	` + outbox.WriteSQL("ev", "reserved", `jsonb_set(jsonb_set(@ev_payload::jsonb, '{attempt}', to_jsonb(reserved.attempt)), '{occurred_at}', `+jsonTime("reserved.created_at")+`)`) + `
 	SELECT (SELECT locked_until FROM rec),
 		sluice_assert(NOT EXISTS (SELECT 1 FROM rec) OR (EXISTS (SELECT 1 FROM r) AND EXISTS (SELECT 1 FROM ev)), 'reserve: the key taken without the payment'),
 		p.* -- paymentCols, as RETURNING made them

@@ -102,6 +102,7 @@ type Service struct {
 	// afterOwnership and afterReserve let tests stop the flow at the worst
 	// moments (a crash right after a commit); nil in production.
 	afterOwnership func(Record) error
+	afterPayment   func(Payment) error // reserve's transaction, its payment inserted
 	afterReserve   func(Payment) error
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -111,14 +112,23 @@ func withoutBacklogTriggers(ctx context.Context, pool *pgxpool.Pool, load func()
 	return err
 }
 
+// settle vacuums and analyzes the tables a run reads, checkpoints, and has
+// the kernel write back every dirty page (sync(2)): the checkpoint syncs the
+// database's files, but not the page cache the run before left behind (the
+// embedded JetStream store, pgbench's or another system's load), which the
+// kernel would otherwise write back 30 s later, in the middle of this run,
+// with the run's WAL flushes queued behind it (P1 found that; quiesce).
 func settle(ctx context.Context, pool *pgxpool.Pool, tables ...string) error {
 	for _, t := range tables {
 		if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+pgx.Identifier{t}.Sanitize()); err != nil {
 			return err
 		}
 	}
-	_, err := pool.Exec(ctx, `CHECKPOINT`)
-	return err
+	if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
+		return err
+	}
+	syscall.Sync()
+	return nil
 }
 
 // runRelay drains the outbox with n outbox.Relays (the product's code).
