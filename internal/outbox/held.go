@@ -18,9 +18,10 @@ type Held struct {
 }
 
 // HeldRead reads Held as a db.Read part. It costs O(dead) probes: the first
-// dead event of each aggregate (from the dead rows only), then one range of
-// outbox_event_pending_aggregate_idx (pending and dead rows) per such
-// aggregate, counting the pending events after it; never O(history). The
+// dead event of each aggregate (outbox_event_dead_aggregate_idx, migration
+// 00023: the dead rows only, in aggregate order, so nothing is sorted), then
+// one range of outbox_event_pending_aggregate_idx (pending and dead rows) per
+// such aggregate, counting the pending events after it; never O(history). The
 // numbers mean what they say with ordering on; with RELAY_ORDERING=false
 // nothing is held and they only say what would be.
 type HeldRead struct{ Held Held }

@@ -19,10 +19,15 @@ func TestClaimPlanUsesThePendingIndex(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := context.Background()
-	// 50,000 published rows of history and 2,000 pending.
+	// 50,000 published rows of history and 2,000 pending, their ids in
+	// insert order as outbox.Insert makes them (UUIDv7). With random ids the
+	// pending rows' id order had nothing to do with where they lie, and once
+	// (a loaded machine, the same test passing 60 times alone) the planner
+	// costed a bitmap scan and a sort of all 2,000 below the walk: a plan for
+	// data the product never writes.
 	_, err := pool.Exec(ctx, `
 		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, published_at)
-		SELECT gen_random_uuid(), 'plan', 'a' || (g % 1000), g, 't', 'plan.v1', '{}'::jsonb,
+		SELECT ('00000000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, 'plan', 'a' || (g % 1000), g, 't', 'plan.v1', '{}'::jsonb,
 		       CASE WHEN g <= 50000 THEN 'published' ELSE 'pending' END,
 		       CASE WHEN g <= 50000 THEN now() END
 		  FROM generate_series(1, 52000) g`)
@@ -243,5 +248,56 @@ func TestClaimPlanProbesByAggregateOnStaleStatistics(t *testing.T) {
 			t.Fatalf("generic=%v: the ordering check does not probe by aggregate on stale statistics:\n%s", generic, plan)
 		}
 
+	}
+}
+
+// The held count runs in every dashboard snapshot: it must take the first
+// dead event of each aggregate from the dead rows' own index in aggregate
+// order (migration 00023), without sorting them or reading the table, and
+// probe outbox_event_pending_aggregate_idx once per such aggregate.
+func TestHeldPlanWalksTheDeadRowsInAggregateOrder(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	// 40,000 published rows of history, 8,000 pending, and 1,000 dead rows:
+	// four per aggregate for 250 aggregates, as a poison storm leaves them.
+	_, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, published_at, dead_at)
+		SELECT gen_random_uuid(), 'plan', 'a' || (g % 2000), g, 't', 'plan.v1', '{}'::jsonb,
+		       CASE WHEN g <= 40000 THEN 'published' WHEN g <= 48000 THEN 'pending' ELSE 'dead' END,
+		       CASE WHEN g <= 40000 THEN now() END,
+		       CASE WHEN g > 48000 THEN now() END
+		  FROM generate_series(1, 48000) g;
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at)
+		SELECT gen_random_uuid(), 'plan', 'a' || (g % 250), 100000 + g, 't', 'plan.v1', '{}'::jsonb, 'dead', now()
+		  FROM generate_series(1, 1000) g`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox_event`); err != nil {
+		t.Fatal(err)
+	}
+	var plan []string
+	rows, err := pool.Query(ctx, "EXPLAIN "+(&HeldRead{}).Expr(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, line)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(plan, "\n")
+	t.Logf("held plan:\n%s", text)
+	if !strings.Contains(text, "outbox_event_dead_aggregate_idx") || strings.Contains(text, "Sort") || strings.Contains(text, "Seq Scan") {
+		t.Fatalf("the held count does not walk outbox_event_dead_aggregate_idx in order:\n%s", text)
+	}
+	if !strings.Contains(text, "outbox_event_pending_aggregate_idx") {
+		t.Fatalf("the held count does not probe outbox_event_pending_aggregate_idx:\n%s", text)
 	}
 }
