@@ -362,6 +362,9 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, err
 		expired int
 	)
 	for rows.Next() {
+		if out == nil { // sized once, on the first row: an idle poll allocates nothing
+			out = make([]claimed, 0, r.cfg.BatchSize)
+		}
 		var (
 			c         claimed
 			id        pgtype.UUID // read in binary whatever the pool's type map (idsOf)
@@ -561,33 +564,39 @@ func (r *Relay) publish(ctx context.Context, batch []claimed, stopAt time.Time) 
 	slices.SortFunc(batch, func(a, b claimed) int {
 		return cmp.Or(cmp.Compare(a.AggregateType, b.AggregateType), cmp.Compare(a.AggregateID, b.AggregateID), cmp.Compare(a.AggregateSeq, b.AggregateSeq))
 	})
+	// Each aggregate's run of the sorted batch, as a view of it (capacity
+	// capped, so nothing appended to a group writes into the next one).
 	var groups [][]claimed
-	for i, c := range batch {
-		if i == 0 || c.AggregateType != batch[i-1].AggregateType || c.AggregateID != batch[i-1].AggregateID {
-			groups = append(groups, nil)
+	for start, i := 0, 1; i <= len(batch); i++ {
+		if i == len(batch) || batch[i].AggregateType != batch[start].AggregateType || batch[i].AggregateID != batch[start].AggregateID {
+			groups = append(groups, batch[start:i:i])
+			start = i
 		}
-		groups[len(groups)-1] = append(groups[len(groups)-1], c)
 	}
 	out := &outcome{}
 	if bp, ok := r.pub.(broker.BatchPublisher); ok {
 		r.publishWaves(ctx, bp, groups, out, stopAt)
 		return out
 	}
-	work := make(chan []claimed)
-	var wg sync.WaitGroup
+	// Workers take the next group by counter, not from a channel: with
+	// ordering on a batch is hundreds of one-event groups, and handing each
+	// over through a channel parked and woke a goroutine per event (a fifth
+	// of the relay's CPU in bench R1's profile, with the null sink).
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
 	for range min(r.cfg.PublishConcurrency, len(groups)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for g := range work {
-				r.publishGroup(ctx, g, out, stopAt)
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(groups) {
+					return
+				}
+				r.publishGroup(ctx, groups[i], out, stopAt)
 			}
-		}()
+		})
 	}
-	for _, g := range groups {
-		work <- g
-	}
-	close(work)
 	wg.Wait()
 	return out
 }
