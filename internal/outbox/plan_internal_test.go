@@ -277,22 +277,7 @@ func TestHeldPlanWalksTheDeadRowsInAggregateOrder(t *testing.T) {
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox_event`); err != nil {
 		t.Fatal(err)
 	}
-	var plan []string
-	rows, err := pool.Query(ctx, "EXPLAIN "+(&HeldRead{}).Expr(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan = append(plan, line)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	text := strings.Join(plan, "\n")
+	text := explain(t, pool, (&HeldRead{}).Expr(nil), nil)
 	t.Logf("held plan:\n%s", text)
 	if !strings.Contains(text, "outbox_event_dead_aggregate_idx") || strings.Contains(text, "Sort") || strings.Contains(text, "Seq Scan") {
 		t.Fatalf("the held count does not walk outbox_event_dead_aggregate_idx in order:\n%s", text)
