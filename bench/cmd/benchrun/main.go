@@ -56,6 +56,9 @@ type options struct {
 	payProvider string // P1's provider: inproc or http
 	paySQL      string // P1: SQL run on the service's database after its migration (what-if runs)
 	payTrace    string // P1: file for the open loop's latencies
+	r2Trace     string // R2: file for the relays' events and statements
+	r2Rates     string // R2: the fixed rates (comma list)
+	r2Steps     int    // R2: the search's steps (-1: the mode's default)
 	workloads   string
 	consumeRows int
 }
@@ -81,6 +84,9 @@ func main() {
 	flag.StringVar(&o.payProvider, "payments-provider", "inproc", "P1: the simulated provider: inproc (a Go call that succeeds at once, as BENCH.md defines P1) or http (provider.Client to provider.Simulator over loopback HTTP: both on the bench's cores)")
 	flag.StringVar(&o.paySQL, "payments-sql", "", "P1: SQL run on the service's database after its migration, for what-if runs (e.g. 'DROP INDEX payment_invoice_idx'); the run is then not the product's")
 	flag.StringVar(&o.payTrace, "payments-trace", "", "P1: write the open loop's requests (ms after its start, latency in ms) to FILE-<run>.csv")
+	flag.StringVar(&o.r2Trace, "r2-trace", "", "R2: write each fixed-rate relay run's events (commit, ms after the loop's start; latency) and the relays' statements (start, duration, connection, statement) to FILE-<rate>-<run>.csv")
+	flag.StringVar(&o.r2Rates, "r2-rates", "500,1000,2000", "R2: the fixed rates, events/s (comma list)")
+	flag.IntVar(&o.r2Steps, "r2-steps", -1, "R2: at most this many steps of the search for the highest sustainable rate (default 8; quick 6; 0: no search)")
 	flag.BoolVar(&o.explain, "explain", false, "print EXPLAIN (ANALYZE, BUFFERS) of the claim and mark half-way through a drain of -rows, then exit")
 	flag.StringVar(&o.workloads, "workloads", "", "comma list of workloads (default all): "+strings.Join(workloadNames(), ","))
 	flag.IntVar(&o.consumeRows, "consume-rows", 0, "C1 (consume, consume-drain) events (default 200000; quick 50000; the order check of issue 12 uses 1000000)")

@@ -61,6 +61,14 @@ func (s *probeSink) record(m broker.Message, now time.Time) {
 	}
 }
 
+// reset forgets every arrival (R2's warm-up: what it sent is not measured).
+func (s *probeSink) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.total.Store(0)
+	s.first, s.maxSeq, s.dups, s.inversions = map[string]time.Time{}, map[string]int64{}, 0, 0
+}
+
 func (s *probeSink) distinct() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

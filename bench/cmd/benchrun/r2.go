@@ -35,7 +35,18 @@ const (
 	r2Producers = 16
 )
 
-var r2Rates = []int{500, 1000, 2000}
+// r2Rates parses -r2-rates.
+func r2Rates(list string) ([]int, error) {
+	var rates []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("-r2-rates: %q is not a rate", f)
+		}
+		rates = append(rates, n)
+	}
+	return rates, nil
+}
 
 // r2DrainTimeout is how long after the last commit the sink may still
 // receive; what has not arrived by then counts as lost for the run (the
@@ -79,12 +90,39 @@ func (r r2Run) why() string {
 	return strings.Join(out, ", ")
 }
 
+// r2WarmSecs is the same load, not measured, that runs before each
+// measured run, relay and River alike: the producers' connections are made
+// and their statements prepared, the relays' (or River's) pool grows to what
+// the rate needs, before the first measured commit. Without it a quick run's
+// 5 s made the first second's setup (17 producer backends forked and warmed
+// at once) the whole p99: events of that second waited up to 0.5 s, and a
+// p99 is its worst 1 %, 50 events (bench/README "R2: the first second").
+const r2WarmSecs = 1
+
+// r2WarmUp runs the workload for r2WarmSecs and waits for it at the sink,
+// then forgets it there.
+func r2WarmUp(ctx context.Context, sink *probeSink, rate int, insert func(ctx context.Context, k int) (string, error)) error {
+	warm, _, last, err := openLoop(ctx, rate, r2WarmSecs, insert)
+	if err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	if w := r2Measure(ctx, sink, warm, 0, last, rate); w.lost > 0 {
+		return fmt.Errorf("warm-up: %d of %d events not at the sink %v after the last commit", w.lost, len(warm), r2DrainTimeout)
+	}
+	sink.reset()
+	return nil
+}
+
 // r2Step is the factor between two rates of the search for the highest
 // sustainable rate.
 const r2Step = 1.25
 
 func runR2(ctx context.Context, e *workloadEnv) error {
 	secs := e.size(60, 5)
+	rates, err := r2Rates(e.o.r2Rates)
+	if err != nil {
+		return err
+	}
 	spool, err := e.newDB("r2")
 	if err != nil {
 		return err
@@ -159,7 +197,7 @@ func runR2(ctx context.Context, e *workloadEnv) error {
 	}
 	runs := map[string][]r2Run{}
 	for r := 0; r < e.o.runs; r++ {
-		for _, rate := range r2Rates {
+		for _, rate := range rates {
 			for _, sys := range []string{"relay", "river"} {
 				res, err := one(sys, rate, secs, true)
 				if err != nil {
@@ -175,13 +213,16 @@ func runR2(ctx context.Context, e *workloadEnv) error {
 	// step (relay and River alternately, the same steps and definition)
 	// until a rate is not sustainable or the steps run out.
 	steps := e.size(8, 6)
+	if e.o.r2Steps >= 0 {
+		steps = e.o.r2Steps
+	}
 	searched := map[string][]float64{}
 	tried := map[string][]string{}
 	capped := map[string]bool{}
 	for r := 0; r < e.o.runs; r++ {
 		last, live := map[string]int{}, map[string]bool{}
 		for _, sys := range []string{"relay", "river"} {
-			for _, rate := range r2Rates {
+			for _, rate := range rates {
 				if runs[sys+strconv.Itoa(rate)][r].sustainable() {
 					last[sys] = rate
 				}
@@ -218,7 +259,7 @@ func runR2(ctx context.Context, e *workloadEnv) error {
 		}
 	}
 	highest := map[string]int{}
-	for _, rate := range r2Rates {
+	for _, rate := range rates {
 		var base99 *wlResult
 		for _, sys := range []string{"river", "relay"} {
 			rs := runs[sys+strconv.Itoa(rate)]
@@ -270,7 +311,7 @@ func runR2(ctx context.Context, e *workloadEnv) error {
 			e.add(p99)
 		}
 	}
-	metric := fmt.Sprintf("highest sustainable rate (×%.2f steps from %v)", r2Step, r2Rates)
+	metric := fmt.Sprintf("highest sustainable rate (×%.2f steps from %v)", r2Step, rates)
 	hi := &wlResult{Workload: "R2", Metric: metric, System: "relay", Unit: "ev/s", Runs: searched["relay"],
 		Details: map[string]any{"highest_fixed_sustained_in_every_run": highest["relay"], "search": tried["relay"]}}
 	hriver := &wlResult{Workload: "R2", Metric: metric, System: "river", Config: riverConfigs[0].Name, Unit: "ev/s", Runs: searched["river"],
@@ -285,7 +326,7 @@ func runR2(ctx context.Context, e *workloadEnv) error {
 	for _, sys := range []string{"relay", "river"} {
 		fmt.Printf("  search %s: %s\n", sys, strings.Join(tried[sys], "; "))
 	}
-	e.note("r2", "%d s per rate, %d producers (own pool), 1 KB payload, %d accounts; latency = first arrival at an in-process sink − the producer's commit return; sustainable = ≥95%% of the rate achieved, nothing lost, drained ≤ 2 s after the last commit, p99 ≤ 1 s; events not at the sink %v after the last commit count as lost. Highest sustainable rate: after the fixed rates, each run steps up ×%.2f from that run's highest sustained fixed rate (%d s per step, at most %d steps), relay and River alternately, until a rate is not sustainable; the row is the last sustained rate (the steps and why the last one failed are in details: often the producers, not the relay, stop keeping up). Commits and WAL bytes per event (fixed rates, details): deltas of pg_stat_database.xact_commit of the system's database (producers and relays together) and of pg_current_wal_lsn (cluster-wide: includes other users of a shared server) ÷ committed events; statements per event only when pg_stat_statements is preloaded", secs, r2Producers, r2Accounts, r2DrainTimeout, r2Step, secs, steps)
+	e.note("r2", "%d s per rate after %d s of the same load not measured (warm connections for both systems), %d producers (own pool), 1 KB payload, %d accounts; latency = first arrival at an in-process sink − the producer's commit return; sustainable = ≥95%% of the rate achieved, nothing lost, drained ≤ 2 s after the last commit, p99 ≤ 1 s; events not at the sink %v after the last commit count as lost. Highest sustainable rate: after the fixed rates, each run steps up ×%.2f from that run's highest sustained fixed rate (%d s per step, at most %d steps), relay and River alternately, until a rate is not sustainable; the row is the last sustained rate (the steps and why the last one failed are in details: often the producers, not the relay, stop keeping up). Commits and WAL bytes per event (fixed rates, details): deltas of pg_stat_database.xact_commit of the system's database (producers and relays together) and of pg_current_wal_lsn (cluster-wide: includes other users of a shared server) ÷ committed events; statements per event only when pg_stat_statements is preloaded", secs, r2WarmSecs, r2Producers, r2Accounts, r2DrainTimeout, r2Step, secs, steps)
 	return nil
 }
 
@@ -383,13 +424,28 @@ func r2Relay(ctx context.Context, e *workloadEnv, pool *pgxpool.Pool, rate, secs
 		return r2Run{}, err
 	}
 	defer prod.Close()
+	// With -r2-trace the relays get a pool of their own, and it and the
+	// notifier's record their statements.
+	var relayTrace, notifyTrace *stmtTrace
+	notifyPool := prod
+	if e.o.r2Trace != "" {
+		relayTrace, notifyTrace = &stmtTrace{}, &stmtTrace{}
+		if pool, err = tracedPool(ctx, pool, e.o.poolSize, relayTrace); err != nil {
+			return r2Run{}, err
+		}
+		defer pool.Close()
+		if notifyPool, err = tracedPool(ctx, prod, 1, notifyTrace); err != nil {
+			return r2Run{}, err
+		}
+		defer notifyPool.Close()
+	}
 	sink := newProbeSink(nil)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	notifier := outbox.NewNotifier(prod, 0, nil)
+	notifier := outbox.NewNotifier(notifyPool, 0, nil)
 	wg.Go(func() { _ = notifier.Run(rctx) })
 	var relays []*outbox.Relay
 	for i := range e.o.relays {
@@ -401,14 +457,30 @@ func r2Relay(ctx context.Context, e *workloadEnv, pool *pgxpool.Pool, rate, secs
 		wg.Go(func() { _ = r.Run(rctx) })
 	}
 	time.Sleep(300 * time.Millisecond) // listeners up
+	if err := r2WarmUp(ctx, sink, rate, r2Produce(prod, notifier)); err != nil {
+		return r2Run{}, err
+	}
+	if relayTrace != nil {
+		relayTrace.reset()
+		notifyTrace.reset()
+	}
 	if _, err := costs(true, 0); err != nil {
 		return r2Run{}, err
 	}
+	loopStart := time.Now()
 	commits, achieved, last, err := openLoop(ctx, rate, secs, r2Produce(prod, notifier))
 	if err != nil {
 		return r2Run{}, err
 	}
 	res := r2Measure(ctx, sink, commits, achieved, last, rate)
+	if relayTrace != nil {
+		r2TraceRuns[rate]++
+		file := fmt.Sprintf("%s-%d-%d.csv", e.o.r2Trace, rate, r2TraceRuns[rate])
+		if err := writeR2Trace(file, loopStart, commits, sink, relayTrace, notifyTrace); err != nil {
+			return r2Run{}, err
+		}
+		fmt.Printf("  trace: %s\n", file)
+	}
 	if res.lost > 0 {
 		r2Diagnose(ctx, pool, relays)
 	}
@@ -504,10 +576,7 @@ func r2River(ctx context.Context, pool *pgxpool.Pool, rate, secs int, costs r2Co
 		return r2Run{}, err
 	}
 	time.Sleep(300 * time.Millisecond)
-	if _, err := costs(true, 0); err != nil {
-		return r2Run{}, err
-	}
-	commits, achieved, last, err := openLoop(ctx, rate, secs, func(ctx context.Context, k int) (string, error) {
+	insert := func(ctx context.Context, k int) (string, error) {
 		var id string
 		err := db.WithTx(ctx, prod, func(tx pgx.Tx) error {
 			acct := k%r2Accounts + 1
@@ -521,7 +590,14 @@ func r2River(ctx context.Context, pool *pgxpool.Pool, rate, secs int, costs r2Co
 			return err
 		})
 		return id, err
-	})
+	}
+	if err := r2WarmUp(ctx, sink, rate, insert); err != nil {
+		return r2Run{}, err
+	}
+	if _, err := costs(true, 0); err != nil {
+		return r2Run{}, err
+	}
+	commits, achieved, last, err := openLoop(ctx, rate, secs, insert)
 	if err != nil {
 		return r2Run{}, err
 	}
