@@ -142,15 +142,18 @@ func PausedTopics(ctx context.Context, q db.Querier) ([]TopicPause, error) {
 	return ps, nil
 }
 
-// claimFloorSQL is read before every claim: the paused topics and, when
-// there are any, the lowest pending id of a topic that is not paused (NULL:
+// claimFloorSQL is read before every claim, after the claim lock: the paused
+// topics; when there are any, the lowest pending id of a topic that is not paused (NULL:
 // nothing but paused work is pending). The claim starts its walk of
 // outbox_event_pending_idx there, so a paused backlog at the head of the
 // index is not read through on every batch. The lowest id per topic comes
 // from outbox_event_pending_topic_idx with a loose index scan (one probe per
 // pending topic), so the read costs O(topics), never O(backlog). With
 // nothing paused it reads one tiny table and nothing else (the EXISTS is a
-// one-time filter: the walk does not start).
+// one-time filter: the walk does not start). Third, the lowest pending id at
+// or after $1, the relay's cursor (Relay.claim): where the claim's walk of
+// outbox_event_pending_idx may start without passing over the entries of
+// events published since (NULL: nothing pending from there).
 const claimFloorSQL = `
 	WITH RECURSIVE p AS (SELECT coalesce(array_agg(topic), '{}') AS topics FROM outbox_topic_pause),
 	t AS (
@@ -161,7 +164,8 @@ const claimFloorSQL = `
 		       LATERAL (SELECT e.topic, e.id FROM outbox_event e
 		                 WHERE e.status = 'pending' AND e.topic > '' AND e.topic > t.topic ORDER BY e.topic, e.id LIMIT 1) n
 	)
-	SELECT p.topics, (SELECT t.id FROM t WHERE t.topic <> ALL(p.topics) ORDER BY t.id LIMIT 1)
+	SELECT p.topics, (SELECT t.id FROM t WHERE t.topic <> ALL(p.topics) ORDER BY t.id LIMIT 1),
+	       (SELECT e.id FROM outbox_event e WHERE e.status = 'pending' AND e.id >= $1::uuid ORDER BY e.id LIMIT 1)
 	  FROM p`
 
 // Audit actions of a pause and a resume, the same from the console and the

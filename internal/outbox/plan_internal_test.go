@@ -112,7 +112,7 @@ func TestClaimFloorPlanProbesTheTopicIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	var plan []string
-	rows, err := pool.Query(ctx, "EXPLAIN "+claimFloorSQL)
+	rows, err := pool.Query(ctx, "EXPLAIN "+claimFloorSQL, uuid.Nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,18 +129,21 @@ func TestClaimFloorPlanProbesTheTopicIndex(t *testing.T) {
 	text := strings.Join(plan, "\n")
 	t.Logf("claim floor plan:\n%s", text)
 	if !strings.Contains(text, "outbox_event_pending_topic_idx") || strings.Contains(text, "Seq Scan on outbox_event ") ||
-		strings.Contains(text, "outbox_event_pending_idx") || !strings.Contains(text, "One-Time Filter") {
+		strings.Count(text, "outbox_event_pending_idx") != 1 || !strings.Contains(text, "One-Time Filter") {
 		t.Fatalf("the claim floor does not probe outbox_event_pending_topic_idx:\n%s", text)
 	}
 	var (
-		paused []string
-		floor  *string
+		paused       []string
+		floor, first *string
 	)
-	if err := pool.QueryRow(ctx, claimFloorSQL).Scan(&paused, &floor); err != nil {
+	if err := pool.QueryRow(ctx, claimFloorSQL, uuid.Nil).Scan(&paused, &floor, &first); err != nil {
 		t.Fatal(err)
 	}
 	if len(paused) != 1 || paused[0] != "paused" || floor == nil || *floor != "00000000-0000-7000-8000-00000000ea61" {
 		t.Fatalf("paused %v, floor %v; want [paused] and the first running id (60001)", paused, floor)
+	}
+	if first == nil || *first != "00000000-0000-7000-8000-000000004e21" {
+		t.Fatalf("first pending id %v, want the paused backlog's first (20001)", first)
 	}
 }
 

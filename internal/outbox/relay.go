@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -110,6 +111,56 @@ type Relay struct {
 	tracer   trace.Tracer // nil: tracing off, no span work at all
 
 	compacted atomic.Int64 // when compactCounts last ran (Unix ns)
+
+	cursor claimCursor
+}
+
+// claimCursor is where the relay's claims start their walk of
+// outbox_event_pending_idx. A published event leaves its entry in that
+// partial index until VACUUM removes it (the mark is not a HOT update), and
+// an index scan passes over every such entry, so a walk from the lowest id
+// costs one step per event published since the last vacuum: at 1,000
+// events/s a claim read 3 ms at the start of a 5 s run and 7 ms at its end
+// (bench/README "R2: the claim's walk"), and on a table whose history is
+// large autovacuum comes far less often than that. So each claim starts at
+// the lowest id that was pending at the relay's previous claim: every event
+// still pending then (leased, backed off or held) has an id at least as
+// high. What the cursor cannot see is an event that becomes pending again
+// below it (an operator's retry or replay) or one committed late with an id
+// made earlier: a claim that takes nothing from the cursor walks again from
+// the lowest id, and so does one claim per fullWalk however busy the relay.
+type claimCursor struct {
+	mu       sync.Mutex
+	from     uuid.UUID // the lowest id pending at the last claim (zero: unknown)
+	walkedAt time.Time // the last walk from the lowest id
+	fullWalk time.Duration
+}
+
+// defaultFullWalk is how often a relay's claim walks the pending events from
+// the lowest id (claimCursor).
+const defaultFullWalk = time.Second
+
+// start is where the next claim starts, and whether it is a full walk.
+func (c *claimCursor) start(now time.Time) (uuid.UUID, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.from == uuid.Nil || now.Sub(c.walkedAt) >= c.fullWalk {
+		return uuid.Nil, true
+	}
+	return c.from, false
+}
+
+// moved records the lowest pending id a claim read (from its start on)
+// once the claim committed; nil: nothing was pending from there.
+func (c *claimCursor) moved(first *uuid.UUID, full bool, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if full {
+		c.walkedAt = now
+	}
+	if first != nil && (full || bytes.Compare(first[:], c.from[:]) > 0) {
+		c.from = *first
+	}
 }
 
 // relayTracer is the relay's tracer, nil when tracing is off (no provider,
@@ -157,6 +208,7 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig, log *slog.Logg
 		log:      log.With("relay", cfg.Name),
 		claimSQL: claimSQL(!cfg.DisableOrdering),
 		tracer:   relayTracer(cfg.Tracing),
+		cursor:   claimCursor{fullWalk: defaultFullWalk},
 	}, nil
 }
 
@@ -187,10 +239,11 @@ func (r *Relay) Stats() RelayStats {
 // this one is marked published, and a dead letter holds back only its own
 // aggregate until an operator retries it (order kept) or discards it.
 //
-// $5 and $6 skip the paused topics (claimFloorSQL, read just before): the
-// walk starts at the lowest pending id of a topic that is not paused, and
-// passes over the paused topics' events after it. With nothing paused they
-// are the zero id and no topic.
+// $5 is where the walk starts (claimFloorSQL, read just before): the lowest
+// id pending from the relay's cursor on (claimCursor), or, when topics are
+// paused and that is higher, the lowest pending id of a topic that is not
+// paused; $6 are the paused topics, whose events after it the walk passes
+// over.
 func claimSQL(ordered bool) string {
 	orderClause := ""
 	if ordered {
@@ -304,14 +357,28 @@ const claimLock int64 = 0x511CEC1A1
 // the paused topics sent together; the claim; the commit. The events are
 // returned only once their lease has committed.
 func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, error) {
+	from, full := r.cursor.start(time.Now())
+	out, expired, err := r.claimFrom(ctx, token, from, full)
+	if err != nil || len(out) > 0 || full {
+		return out, expired, err
+	}
+	// Nothing from the cursor: look from the lowest id at once, so that a
+	// claim that takes nothing has looked everywhere (an operator's retry
+	// below the cursor is claimed now, not at the next full walk).
+	return r.claimFrom(ctx, token, uuid.Nil, true)
+}
+
+// claimFrom is claim with its walk starting at the lowest pending id from
+// from on (full: from is the zero id, and the cursor may move back).
+func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool) ([]claimed, int, error) {
 	var (
-		paused []string
-		floor  *uuid.UUID
+		paused       []string
+		floor, first *uuid.UUID
 	)
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(`SELECT pg_advisory_xact_lock($1)`, claimLock)
-	b.Queue(claimFloorSQL)
+	b.Queue(claimFloorSQL, pgtype.UUID{Bytes: from, Valid: true})
 	br := r.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	_, err := br.Exec() // BEGIN
@@ -319,7 +386,7 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, err
 		_, err = br.Exec()
 	}
 	if err == nil {
-		err = br.QueryRow().Scan(&paused, &floor)
+		err = br.QueryRow().Scan(&paused, &floor, &first)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -337,12 +404,18 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, err
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: claim: begin, claim lock, paused topics: %w", err)
 	}
+	if first == nil { // nothing pending from the cursor on
+		r.cursor.moved(nil, full, time.Now())
+		return nil, 0, nil
+	}
 	if floor == nil {
 		if len(paused) > 0 { // only paused topics have pending events
+			r.cursor.moved(first, full, time.Now())
 			return nil, 0, nil
 		}
-		zero := uuid.Nil
-		floor = &zero
+		floor = first
+	} else if bytes.Compare(first[:], floor[:]) > 0 {
+		floor = first
 	}
 	// Planned afresh on every call (QueryExecModeExec: an unnamed statement),
 	// never from a plan cached on the connection: a prepared claim switches
@@ -398,6 +471,7 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, err
 	if err := tx.Commit(ctx); err != nil {
 		return nil, 0, fmt.Errorf("outbox: claim: commit: %w", err)
 	}
+	r.cursor.moved(first, full, time.Now())
 	return out, expired, nil
 }
 
