@@ -39,10 +39,13 @@ func TestClaimPlanUsesThePendingIndex(t *testing.T) {
 	}
 	type variant struct {
 		ordered, generic bool
+		from             string // where the walk starts ($5)
 	}
 	// pgx prepares statements, and after a few runs PostgreSQL may switch a
-	// prepared statement to its generic plan: check that one too.
-	for _, v := range []variant{{true, false}, {false, false}, {true, true}} {
+	// prepared statement to its generic plan: check that one too. The walk
+	// starts at the zero id, or at a relay's cursor: the first pending id.
+	const zero, cursor = "00000000-0000-0000-0000-000000000000", "00000000-0000-7000-8000-00000000c351"
+	for _, v := range []variant{{true, false, zero}, {false, false, zero}, {true, true, zero}, {true, false, cursor}, {false, false, cursor}} {
 		ordered := v.ordered
 		tx, err := pool.Begin(ctx)
 		if err != nil {
@@ -60,7 +63,7 @@ func TestClaimPlanUsesThePendingIndex(t *testing.T) {
 				'00000000-0000-0000-0000-000000000000', '{paused}')`, DefaultBatchSize))
 		} else {
 			rows, err = tx.Query(ctx, "EXPLAIN "+claimSQL(ordered), nil, DefaultBatchSize, int64(30_000_000), "00000000-0000-0000-0000-000000000001",
-				"00000000-0000-0000-0000-000000000000", []string{})
+				v.from, []string{})
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -75,7 +78,7 @@ func TestClaimPlanUsesThePendingIndex(t *testing.T) {
 		}
 		_ = tx.Rollback(ctx)
 		text := strings.Join(plan, "\n")
-		t.Logf("claim plan (ordered=%v, generic=%v):\n%s", ordered, v.generic, text)
+		t.Logf("claim plan (ordered=%v, generic=%v, from %s):\n%s", ordered, v.generic, v.from, text)
 		if !strings.Contains(text, "Index Scan using outbox_event_pending_idx") {
 			t.Fatalf("ordered=%v: the claim does not walk outbox_event_pending_idx:\n%s", ordered, text)
 		}

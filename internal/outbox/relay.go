@@ -121,7 +121,7 @@ type Relay struct {
 // an index scan passes over every such entry, so a walk from the lowest id
 // costs one step per event published since the last vacuum: at 1,000
 // events/s a claim read 3 ms at the start of a 5 s run and 7 ms at its end
-// (bench/README "R2: the claim's walk"), and on a table whose history is
+// (bench/README.md, change 9), and on a table whose history is
 // large autovacuum comes far less often than that. So each claim starts at
 // the lowest id that was pending at the relay's previous claim: every event
 // still pending then (leased, backed off or held) has an id at least as
@@ -352,10 +352,11 @@ func (r *Relay) nowArg() *time.Time {
 const claimLock int64 = 0x511CEC1A1
 
 // claim takes up to BatchSize eligible events under a fresh lease token,
-// none of a paused topic (read once per claim, just before it). It is one
+// none of a paused topic (read once per claim, just before it), walking the
+// pending events from the relay's cursor (claimCursor). It is one
 // transaction of three round trips: BEGIN, the claim lock and the read of
-// the paused topics sent together; the claim; the commit. The events are
-// returned only once their lease has committed.
+// the paused topics and the walk's start sent together; the claim; the
+// commit. The events are returned only once their lease has committed.
 func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, error) {
 	from, full := r.cursor.start(time.Now())
 	out, expired, err := r.claimFrom(ctx, token, from, full)
