@@ -182,3 +182,45 @@ func TestClaimFindsEventsBelowTheCursor(t *testing.T) {
 		t.Fatalf("claimed %v with nothing from the cursor, want 1", got)
 	}
 }
+
+// An event committed a moment after its id was made, with a claim in
+// between that moved the cursor past that id, is claimed by the next claim
+// of a busy relay, not a second later by the full walk (lateCommit).
+func TestClaimFindsAnEventCommittedJustAfterTheCursorPassedItsID(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	r, err := NewRelay(pool, unusedPublisher{t}, RelayConfig{Name: "r", BatchSize: 500, DisableListen: true}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cursor.fullWalk = time.Hour
+	insert := func(id uuid.UUID) {
+		t.Helper()
+		if _, err := pool.Exec(context.Background(), `
+			INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload)
+			VALUES ($1, 'late', $2, 1, 't', 'late.v1', '{}')`, id, id.String()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := uuid.Must(uuid.NewV7())
+	insert(first)
+	publishClaimed(t, pool, claimAll(t, r))
+	late := uuid.Must(uuid.NewV7()) // made now, committed after the next claim
+	next := uuid.Must(uuid.NewV7())
+	insert(next)
+	if got := idsOfClaimed(claimAll(t, r)); !slices.Equal(got, []uuid.UUID{next}) { // leased, still pending
+		t.Fatalf("claimed %v, want %s", got, next)
+	}
+	r.cursor.mu.Lock()
+	from := r.cursor.from
+	r.cursor.mu.Unlock()
+	if from != next {
+		t.Fatalf("cursor at %s, want %s: the test must move it past the late id", from, next)
+	}
+	insert(late)
+	last := uuid.Must(uuid.NewV7())
+	insert(last)
+	if got := idsOfClaimed(claimAll(t, r)); !slices.Equal(got, []uuid.UUID{late, last}) {
+		t.Fatalf("claimed %v, want the late event %s and %s", got, late, last)
+	}
+}

@@ -127,8 +127,9 @@ type Relay struct {
 // still pending then (leased, backed off or held) has an id at least as
 // high. What the cursor cannot see is an event that becomes pending again
 // below it (an operator's retry or replay) or one committed late with an id
-// made earlier: a claim that takes nothing from the cursor walks again from
-// the lowest id, and so does one claim per fullWalk however busy the relay.
+// made earlier (lateCommit covers the usual moment between the two): a
+// claim that takes nothing from the cursor walks again from the lowest id,
+// and so does one claim per fullWalk however busy the relay.
 type claimCursor struct {
 	mu       sync.Mutex
 	from     uuid.UUID // the lowest id pending at the last claim (zero: unknown)
@@ -140,6 +141,14 @@ type claimCursor struct {
 // the lowest id (claimCursor).
 const defaultFullWalk = time.Second
 
+// lateCommit is how long before a claim an event's id may have been made
+// and the claim still start below it: an event is committed a moment after
+// its id is made (UUIDv7, from the writer's clock), and a claim in between
+// moves the cursor past it. A claim starts no later than the ids made
+// lateCommit ago; an event committed later than that after its id was made
+// waits for the next full walk.
+const lateCommit = 250 * time.Millisecond
+
 // start is where the next claim starts, and whether it is a full walk.
 func (c *claimCursor) start(now time.Time) (uuid.UUID, bool) {
 	c.mu.Lock()
@@ -147,7 +156,21 @@ func (c *claimCursor) start(now time.Time) (uuid.UUID, bool) {
 	if c.from == uuid.Nil || now.Sub(c.walkedAt) >= c.fullWalk {
 		return uuid.Nil, true
 	}
+	if late := v7Before(now.Add(-lateCommit)); bytes.Compare(late[:], c.from[:]) < 0 {
+		return late, false
+	}
 	return c.from, false
+}
+
+// v7Before is the lowest UUIDv7 of the millisecond at: every id made at or
+// after at (by a clock that agrees) is at least this.
+func v7Before(at time.Time) uuid.UUID {
+	var u uuid.UUID
+	ms := uint64(max(at.UnixMilli(), 0))
+	for i := range 6 {
+		u[i] = byte(ms >> (40 - 8*i))
+	}
+	return u
 }
 
 // moved records the lowest pending id a claim read (from its start on)
