@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"slices"
 	"strconv"
@@ -31,7 +32,7 @@ func publishClaimed(t *testing.T, pool *pgxpool.Pool, evs []claimed) {
 
 // v7 is an id in the order outbox.Insert makes them, n-th of a test.
 func v7(n int) uuid.UUID {
-	return uuid.MustParse("00000000-0000-7000-8000-" + strings.Repeat("0", 12-len(strconv.FormatInt(int64(n), 16))) + strconv.FormatInt(int64(n), 16))
+	return uuid.MustParse(fmt.Sprintf("00000000-0000-7000-8000-%012x", n))
 }
 
 func insertAt(t *testing.T, pool *pgxpool.Pool, from, to int) {

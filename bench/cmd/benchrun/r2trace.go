@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -104,7 +105,7 @@ func writeR2Trace(file string, start time.Time, commits map[string]time.Time, si
 			evs = append(evs, ev{ms(c.Sub(start)), ms(a.Sub(c))})
 		}
 	}
-	slices.SortFunc(evs, func(a, b ev) int { return cmpFloat(a.at, b.at) })
+	slices.SortFunc(evs, func(a, b ev) int { return cmp.Compare(a.at, b.at) })
 	for _, e := range evs {
 		fmt.Fprintf(w, "event,%.3f,%.3f,,\n", e.at, e.lat)
 	}
@@ -124,14 +125,4 @@ func writeR2Trace(file string, start time.Time, commits map[string]time.Time, si
 		return err
 	}
 	return f.Close()
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
