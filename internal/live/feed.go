@@ -105,6 +105,11 @@ type Feed struct {
 
 	poke chan struct{} // Poke: read a snapshot soon
 
+	// cursor carries the backlog's head walk from tick to tick, so a topic's
+	// head is not walked through the entries its published events left
+	// (outbox.BacklogCursor).
+	cursor outbox.BacklogCursor
+
 	mu        sync.Mutex
 	latest    Snapshot
 	haveFirst bool
@@ -228,7 +233,7 @@ func (f *Feed) Step(ctx context.Context) error {
 	prev := f.latest.At
 	f.mu.Unlock()
 	f.queries.Add(1)
-	s, err := ReadSnapshot(ctx, f.q, prev)
+	s, err := ReadSnapshot(ctx, f.q, prev, &f.cursor)
 	if err != nil {
 		return err
 	}

@@ -43,7 +43,7 @@ func TestSnapshotCountsEventsHeldBehindDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := outbox.Held{Events: 2, Aggregates: 1}
-	s, err := live.ReadSnapshot(ctx, pool, time.Time{})
+	s, err := live.ReadSnapshot(ctx, pool, time.Time{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,7 +46,7 @@ func TestSnapshotReadsTheLiveState(t *testing.T) {
 		}
 	}
 
-	s, err := live.ReadSnapshot(ctx, pool, prev)
+	s, err := live.ReadSnapshot(ctx, pool, prev, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,8 +83,9 @@ type snapshotReads struct {
 	approvals payments.PendingRead
 }
 
-func newSnapshotReads(since time.Time) *snapshotReads {
+func newSnapshotReads(since time.Time, cur *outbox.BacklogCursor) *snapshotReads {
 	return &snapshotReads{
+		backlog:   outbox.BacklogRead{Cursor: cur},
 		published: outbox.PublishedSinceRead{Since: since},
 		dead:      outbox.RecentDeadRead{Limit: recentRows},
 		payments:  payments.HealthRead{Recent: recentRows},
@@ -99,18 +100,20 @@ func (r *snapshotReads) all() []db.Read {
 // SnapshotQuery is the statement ReadSnapshot runs for a previous snapshot
 // at since (for plan tests).
 func SnapshotQuery(since time.Time) (string, []any) {
-	sql, args := db.Compose(newSnapshotReads(since).all()...)
+	sql, args := db.Compose(newSnapshotReads(since, nil).all()...)
 	return sql, args
 }
 
 // ReadSnapshot runs the one statement per tick. prev is the previous
 // snapshot's time (zero for the first: then the rate covers the last second).
-func ReadSnapshot(ctx context.Context, q Querier, prev time.Time) (Snapshot, error) {
+// cur (nil: none) carries the backlog's head walk from one tick to the next
+// (outbox.BacklogCursor): a feed passes its own.
+func ReadSnapshot(ctx context.Context, q Querier, prev time.Time, cur *outbox.BacklogCursor) (Snapshot, error) {
 	since := prev
 	if since.IsZero() {
 		since = time.Now().Add(-time.Second)
 	}
-	r := newSnapshotReads(since)
+	r := newSnapshotReads(since, cur)
 	at, err := db.ReadAll(ctx, q, r.all()...)
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("live: snapshot: %w", err)

@@ -151,9 +151,20 @@ func PausedTopics(ctx context.Context, q db.Querier) ([]TopicPause, error) {
 // pending topic), so the read costs O(topics), never O(backlog). With
 // nothing paused it reads one tiny table and nothing else (the EXISTS is a
 // one-time filter: the walk does not start). Third, the lowest pending id at
-// or after $1, the relay's cursor (Relay.claim): where the claim's walk of
+// or after $1, the relay's cursor (Relay.claim), of an event that a claim
+// could take now or once a lease ends: where the claim's walk of
 // outbox_event_pending_idx may start without passing over the entries of
-// events published since (NULL: nothing pending from there).
+// events published since (NULL: nothing so from there). It passes over the
+// events that stay pending without being claimable: backing off ($2 is the
+// claim's clock, NULL for the database's), and, when $3 (ordering), held
+// behind a dead letter or a backing-off event of their aggregate. Stopping
+// at one of those would hold the cursor at its id for as long as the event
+// is stuck — a dead letter can wait days for an operator — and every claim
+// would walk the entries of everything published since (claimCursor says
+// how they are claimed once they can be). An event behind one under a live
+// lease is not passed over: it is claimable as soon as that one is
+// published. One probe of outbox_event_pending_aggregate_idx per event
+// looked at, and the first is claimable unless something is stuck.
 const claimFloorSQL = `
 	WITH RECURSIVE p AS (SELECT coalesce(array_agg(topic), '{}') AS topics FROM outbox_topic_pause),
 	t AS (
@@ -165,7 +176,21 @@ const claimFloorSQL = `
 		                 WHERE e.status = 'pending' AND e.topic > '' AND e.topic > t.topic ORDER BY e.topic, e.id LIMIT 1) n
 	)
 	SELECT p.topics, (SELECT t.id FROM t WHERE t.topic <> ALL(p.topics) ORDER BY t.id LIMIT 1),
-	       (SELECT e.id FROM outbox_event e WHERE e.status = 'pending' AND e.id >= $1::uuid ORDER BY e.id LIMIT 1)
+	       (SELECT e.id FROM outbox_event e
+	         WHERE e.status = 'pending' AND e.id >= $1::uuid
+	           AND NOT (e.available_at > coalesce($2::timestamptz, statement_timestamp())
+	                    AND (e.locked_until IS NULL OR e.locked_until < coalesce($2::timestamptz, statement_timestamp())))
+	           AND NOT ($3::bool AND EXISTS (
+	                 SELECT 1 FROM outbox_event s
+	                  WHERE s.status IN ('pending', 'dead')
+	                    AND s.aggregate_type = e.aggregate_type
+	                    AND s.aggregate_id = e.aggregate_id
+	                    AND s.aggregate_seq < e.aggregate_seq
+	                    AND (s.status = 'dead'
+	                         OR (s.available_at > coalesce($2::timestamptz, statement_timestamp())
+	                             AND (s.locked_until IS NULL OR s.locked_until < coalesce($2::timestamptz, statement_timestamp()))))
+	                 OFFSET 0))
+	         ORDER BY e.id LIMIT 1)
 	  FROM p`
 
 // Audit actions of a pause and a resume, the same from the console and the

@@ -115,7 +115,7 @@ func TestClaimFloorPlanProbesTheTopicIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	var plan []string
-	rows, err := pool.Query(ctx, "EXPLAIN "+claimFloorSQL, uuid.Nil)
+	rows, err := pool.Query(ctx, "EXPLAIN "+claimFloorSQL, uuid.Nil, nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,14 +132,15 @@ func TestClaimFloorPlanProbesTheTopicIndex(t *testing.T) {
 	text := strings.Join(plan, "\n")
 	t.Logf("claim floor plan:\n%s", text)
 	if !strings.Contains(text, "outbox_event_pending_topic_idx") || strings.Contains(text, "Seq Scan on outbox_event ") ||
-		strings.Count(text, "outbox_event_pending_idx") != 1 || !strings.Contains(text, "One-Time Filter") {
+		strings.Count(text, "outbox_event_pending_idx") != 1 || !strings.Contains(text, "One-Time Filter") ||
+		!strings.Contains(text, "outbox_event_pending_aggregate_idx") {
 		t.Fatalf("the claim floor does not probe outbox_event_pending_topic_idx:\n%s", text)
 	}
 	var (
 		paused       []string
 		floor, first *string
 	)
-	if err := pool.QueryRow(ctx, claimFloorSQL, uuid.Nil).Scan(&paused, &floor, &first); err != nil {
+	if err := pool.QueryRow(ctx, claimFloorSQL, uuid.Nil, nil, true).Scan(&paused, &floor, &first); err != nil {
 		t.Fatal(err)
 	}
 	if len(paused) != 1 || paused[0] != "paused" || floor == nil || *floor != "00000000-0000-7000-8000-00000000ea61" {

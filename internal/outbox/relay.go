@@ -123,19 +123,43 @@ type Relay struct {
 // events/s a claim read 3 ms at the start of a 5 s run and 7 ms at its end
 // (bench/README.md, change 9), and on a table whose history is
 // large autovacuum comes far less often than that. So each claim starts at
-// the lowest id that was pending at the relay's previous claim: every event
-// still pending then (leased, backed off or held) has an id at least as
-// high. What the cursor cannot see is an event that becomes pending again
-// below it (an operator's retry or replay) or one committed late with an id
-// made earlier (lateCommit covers the usual moment between the two): a
-// claim that takes nothing from the cursor walks again from the lowest id,
-// and so does one claim per fullWalk however busy the relay.
+// the lowest id that was pending and claimable (or leased) at the relay's
+// previous claim (claimFloorSQL): every such event still pending has an id
+// at least as high. Events that stay pending without being claimable —
+// backing off, held behind a dead letter — do not hold the cursor back: one
+// dead letter waiting days for an operator would otherwise make every claim
+// walk all that was published since. What the cursor cannot see is an
+// event below it that becomes claimable (a backoff over, a dead letter
+// retried and its held events after it), one made pending again (an
+// operator's retry or replay) or one committed late with an id made earlier
+// (lateCommit covers the usual moment between the two): a claim that takes
+// nothing from the cursor walks again from the lowest id, and so does one
+// claim per fullWalk however busy the relay.
+//
+// A walk from the lowest id still passes over every entry published since
+// the last vacuum, and while a snapshot stays open anywhere (a long report,
+// a backup, a standby's feedback) it visits the table for each: bench R2
+// with a snapshot held for 60 s saw such walks reach 200 ms. So walks from
+// the lowest id — the periodic one and the one after an empty claim — are
+// spaced by at least walkSpacing times the last one's length: they take at
+// most about a tenth of the relay's time, however long the history, and an
+// event below the cursor waits longer only while walks are that slow.
 type claimCursor struct {
 	mu       sync.Mutex
-	from     uuid.UUID // the lowest id pending at the last claim (zero: unknown)
-	walkedAt time.Time // the last walk from the lowest id
+	from     uuid.UUID     // the lowest id pending at the last claim (zero: unknown)
+	walkedAt time.Time     // the last walk from the lowest id
+	walkCost time.Duration // how long it took
 	fullWalk time.Duration
 }
+
+// walkSpacing is how many times its own length a walk from the lowest id
+// waits before the next one (claimCursor); walks shorter than cheapWalk are
+// not spaced (only the periodic one waits, fullWalk): an idle relay woken by
+// an operator's retry looks from the lowest id at once.
+const (
+	walkSpacing = 9
+	cheapWalk   = 10 * time.Millisecond
+)
 
 // defaultFullWalk is how often a relay's claim walks the pending events from
 // the lowest id (claimCursor).
@@ -153,7 +177,7 @@ const lateCommit = 250 * time.Millisecond
 func (c *claimCursor) start(now time.Time) (uuid.UUID, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.from == uuid.Nil || now.Sub(c.walkedAt) >= c.fullWalk {
+	if c.from == uuid.Nil || now.Sub(c.walkedAt) >= max(c.fullWalk, walkSpacing*c.walkCost) {
 		return uuid.Nil, true
 	}
 	if late := v7Before(now.Add(-lateCommit)); bytes.Compare(late[:], c.from[:]) < 0 {
@@ -173,13 +197,22 @@ func v7Before(at time.Time) uuid.UUID {
 	return u
 }
 
+// rewalk says whether a claim that took nothing from the cursor may walk
+// again from the lowest id at now (walkSpacing).
+func (c *claimCursor) rewalk(now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.walkCost < cheapWalk || now.Sub(c.walkedAt) >= walkSpacing*c.walkCost
+}
+
 // moved records the lowest pending id a claim read (from its start on)
-// once the claim committed; nil: nothing was pending from there.
-func (c *claimCursor) moved(first *uuid.UUID, full bool, now time.Time) {
+// once the claim committed; nil: nothing was pending from there. began is
+// when the claim started, now when it ended.
+func (c *claimCursor) moved(first *uuid.UUID, full bool, began, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if full {
-		c.walkedAt = now
+		c.walkedAt, c.walkCost = now, now.Sub(began)
 	}
 	if first != nil && (full || bytes.Compare(first[:], c.from[:]) > 0) {
 		c.from = *first
@@ -383,18 +416,20 @@ const claimLock int64 = 0x511CEC1A1
 func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, error) {
 	from, full := r.cursor.start(time.Now())
 	out, expired, err := r.claimFrom(ctx, token, from, full)
-	if err != nil || len(out) > 0 || full {
+	if err != nil || len(out) > 0 || full || !r.cursor.rewalk(time.Now()) {
 		return out, expired, err
 	}
 	// Nothing from the cursor: look from the lowest id at once, so that a
 	// claim that takes nothing has looked everywhere (an operator's retry
-	// below the cursor is claimed now, not at the next full walk).
+	// below the cursor is claimed now, not at the next full walk) — unless
+	// such walks are slow enough that they must be spaced (walkSpacing).
 	return r.claimFrom(ctx, token, uuid.Nil, true)
 }
 
 // claimFrom is claim with its walk starting at the lowest pending id from
 // from on (full: from is the zero id, and the cursor may move back).
 func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool) ([]claimed, int, error) {
+	began := time.Now()
 	var (
 		paused       []string
 		floor, first *uuid.UUID
@@ -402,7 +437,7 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(`SELECT pg_advisory_xact_lock($1)`, claimLock)
-	b.Queue(claimFloorSQL, pgtype.UUID{Bytes: from, Valid: true})
+	b.Queue(claimFloorSQL, pgtype.UUID{Bytes: from, Valid: true}, r.nowArg(), !r.cfg.DisableOrdering)
 	br := r.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	_, err := br.Exec() // BEGIN
@@ -429,12 +464,12 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 		return nil, 0, fmt.Errorf("outbox: claim: begin, claim lock, paused topics: %w", err)
 	}
 	if first == nil { // nothing pending from the cursor on
-		r.cursor.moved(nil, full, time.Now())
+		r.cursor.moved(nil, full, began, time.Now())
 		return nil, 0, nil
 	}
 	if floor == nil {
 		if len(paused) > 0 { // only paused topics have pending events
-			r.cursor.moved(first, full, time.Now())
+			r.cursor.moved(first, full, began, time.Now())
 			return nil, 0, nil
 		}
 		floor = first
@@ -495,7 +530,7 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 	if err := tx.Commit(ctx); err != nil {
 		return nil, 0, fmt.Errorf("outbox: claim: commit: %w", err)
 	}
-	r.cursor.moved(first, full, time.Now())
+	r.cursor.moved(first, full, began, time.Now())
 	return out, expired, nil
 }
 

@@ -148,6 +148,9 @@ func runD1(ctx context.Context, e *workloadEnv) error {
 			l.goal("≤ 1.5× "+small, l.Ratio <= 1.5)
 		}
 	}
+	if err := d1Churn(ctx, e, reps); err != nil {
+		return err
+	}
 	e.note("d1", "sizes %s and %s (outbox events / payments / audit rows: %d/%d/%d and %d/%d/%d; %d pending outbox events (fewer when the set is smaller), %d dead, %d unknown payments); payload ~60 B (not 1 KB: the list pages and the snapshot never read it); p50/p99 of %d repetitions after 3 warm-ups, each the product function's whole call (all its statements and the scan); deep page = a keyset cursor at 90%% of the list's depth (the product's own cursor, its position replaced: see d1.go)",
 		small, large, sizes[0].outbox, sizes[0].payments, sizes[0].audit, sizes[1].outbox, sizes[1].payments, sizes[1].audit, d1Pending, d1Dead, d1Unknown, reps)
 	return nil
@@ -179,8 +182,11 @@ type d1Query struct {
 
 func d1Queries(ctx context.Context, pool *pgxpool.Pool, sz d1Size) ([]d1Query, error) {
 	var qs []d1Query
+	// The feed's own cursor carries the backlog's head walk from one
+	// snapshot to the next: D1 reads as the console does.
+	var cursor outbox.BacklogCursor
 	qs = append(qs, d1Query{"snapshot", func(ctx context.Context, q querier) error {
-		_, err := live.ReadSnapshot(ctx, q, time.Now().Add(-time.Second))
+		_, err := live.ReadSnapshot(ctx, q, time.Now().Add(-time.Second), &cursor)
 		return err
 	}})
 	// Outbox: all events newest first, and the pending ones.

@@ -59,6 +59,9 @@ type options struct {
 	r2Trace     string // R2: file for the relays' events and statements
 	r2Rates     string // R2: the fixed rates (comma list)
 	r2Steps     int    // R2: the search's steps (-1: the mode's default)
+	r2Held      bool   // R2: a dead letter and an event held behind it at the head of the relay's outbox
+	r2Horizon   bool   // R2: a transaction holds a snapshot open on the relay's database for each run
+	d1Churn     int    // D1: events published since the last vacuum in the churn phase (0: the mode's default)
 	workloads   string
 	consumeRows int
 }
@@ -86,6 +89,9 @@ func main() {
 	flag.StringVar(&o.payTrace, "payments-trace", "", "P1: write the open loop's requests (ms after its start, latency in ms) to FILE-<run>.csv")
 	flag.StringVar(&o.r2Trace, "r2-trace", "", "R2: write each fixed-rate relay run's events (commit, ms after the loop's start; latency) and the relays' statements (start, duration, connection, statement) to FILE-<rate>-<run>.csv")
 	flag.StringVar(&o.r2Rates, "r2-rates", "500,1000,2000", "R2: the fixed rates, events/s (comma list)")
+	flag.IntVar(&o.d1Churn, "d1-churn", 0, "D1: events of the churn phase's topic published since the last vacuum (default 1,000,000; quick 200,000)")
+	flag.BoolVar(&o.r2Horizon, "r2-horizon", false, "R2: a transaction holds a snapshot open on the relay's database through each relay run (as a long report, a backup or a standby's feedback does): no dead row version is removable meanwhile, nor its index entries marked dead")
+	flag.BoolVar(&o.r2Held, "r2-held", false, "R2: before each relay run, a dead letter and an event of its aggregate held behind it at the head of the outbox (as whenever a dead letter waits for an operator), and autovacuum off on outbox_event (as on a large table between its visits: 20 % of its rows must be dead first); River has no counterpart")
 	flag.IntVar(&o.r2Steps, "r2-steps", -1, "R2: at most this many steps of the search for the highest sustainable rate (default 8; quick 6; 0: no search)")
 	flag.BoolVar(&o.explain, "explain", false, "print EXPLAIN (ANALYZE, BUFFERS) of the claim and mark half-way through a drain of -rows, then exit")
 	flag.StringVar(&o.workloads, "workloads", "", "comma list of workloads (default all): "+strings.Join(workloadNames(), ","))

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
@@ -416,8 +417,35 @@ func r2Relay(ctx context.Context, e *workloadEnv, pool *pgxpool.Pool, rate, secs
 	if _, err := pool.Exec(ctx, `TRUNCATE outbox_event, outbox_aggregate`); err != nil {
 		return r2Run{}, err
 	}
+	if e.o.r2Held {
+		// Made before the run's events, so their ids are lower: the
+		// relays' claims start their walk at or before them. Autovacuum
+		// off: the run's 60,000 events would make a small table's
+		// autovacuum clean the indexes every few seconds, which a large
+		// table's never does.
+		if _, err := pool.Exec(ctx, `ALTER TABLE outbox_event SET (autovacuum_enabled = false)`); err != nil {
+			return r2Run{}, err
+		}
+		if _, err := pool.Exec(ctx, `
+			INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at, dead_reason)
+			VALUES ($1, 'r2-held', 'a', 1, 'payments', 'held.v1', '{}', 'dead', now(), 'bench: a dead letter waiting for an operator'),
+			       ($2, 'r2-held', 'a', 2, 'payments', 'held.v1', '{}', 'pending', NULL, NULL)`,
+			uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())); err != nil {
+			return r2Run{}, fmt.Errorf("r2: the held event: %w", err)
+		}
+	}
 	if err := settle(ctx, pool, "outbox_event"); err != nil {
 		return r2Run{}, err
+	}
+	if e.o.r2Horizon {
+		tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		if err != nil {
+			return r2Run{}, err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if _, err := tx.Exec(ctx, `SELECT 1`); err != nil { // the snapshot is taken here
+			return r2Run{}, err
+		}
 	}
 	prod, err := poolOf(ctx, pool, r2Producers+1)
 	if err != nil {
