@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -325,7 +326,7 @@ func TestWalksFromTheLowestIDAreSpacedByTheirLength(t *testing.T) {
 	id := v7(5)
 	t0 := time.Unix(1000, 0)
 	end := t0.Add(200 * time.Millisecond)
-	c.moved(&id, true, t0, end) // a walk of 200 ms: the next one 1.8 s after it
+	c.moved(&id, true, 200*time.Millisecond, end) // a walk of 200 ms: the next one 1.8 s after it
 	for _, tc := range []struct {
 		after      time.Duration
 		full, walk bool
@@ -338,7 +339,7 @@ func TestWalksFromTheLowestIDAreSpacedByTheirLength(t *testing.T) {
 		}
 	}
 	t1 := end.Add(time.Hour)
-	c.moved(&id, true, t1, t1.Add(time.Millisecond)) // a walk of 1 ms
+	c.moved(&id, true, time.Millisecond, t1.Add(time.Millisecond)) // a walk of 1 ms
 	if !c.rewalk(t1.Add(time.Millisecond)) {
 		t.Error("right after a 1 ms walk, a claim that took nothing may not walk again")
 	}
@@ -347,5 +348,41 @@ func TestWalksFromTheLowestIDAreSpacedByTheirLength(t *testing.T) {
 	}
 	if _, full := c.start(t1.Add(1001 * time.Millisecond)); !full {
 		t.Error("no periodic walk after 1 s")
+	}
+}
+
+// A new event's available_at is its transaction's start, which can be a
+// moment later than the claim's clock (its statement timestamp, set before
+// the claim lock was granted). Such an event is not backing off: the cursor
+// must not pass over it, or it waits below the cursor for a walk from the
+// lowest id (bench R2 at 2,500/s: 12,300 events stuck for 15 s).
+func TestClaimCursorDoesNotPassAnEventAvailableInAMoment(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	var skew atomic.Int64 // the claim's clock behind the database's
+	skew.Store(int64(500 * time.Millisecond))
+	r, err := NewRelay(pool, unusedPublisher{t}, RelayConfig{Name: "r", BatchSize: 500, DisableListen: true,
+		Now: func() time.Time { return time.Now().Add(-time.Duration(skew.Load())) }}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cursor.fullWalk = time.Hour
+	// 1: new, available at its transaction's start; 2: claimable long since.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, available_at)
+		VALUES ($1, 'soon', 'a', 1, 't', 'soon.v1', '{}', now()),
+		       ($2, 'soon', 'b', 1, 't', 'soon.v1', '{}', now() - interval '1 hour')`, v7(1), v7(2)); err != nil {
+		t.Fatal(err)
+	}
+	got := claimAll(t, r)
+	if ids := idsOfClaimed(got); !slices.Equal(ids, []uuid.UUID{v7(2)}) {
+		t.Fatalf("claimed %v with the claim's clock 0.5 s behind, want only %s", ids, v7(2))
+	}
+	publishClaimed(t, pool, got)
+	skew.Store(0)
+	insertAt(t, pool, 3, 3) // so the next claim takes something from the cursor and does not look again
+	if ids := idsOfClaimed(claimAll(t, r)); !slices.Equal(ids, []uuid.UUID{v7(1), v7(3)}) {
+		t.Fatalf("claimed %v once the clock caught up, want %s (available a moment after the first claim's clock) and %s", ids, v7(1), v7(3))
 	}
 }
