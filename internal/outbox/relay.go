@@ -146,7 +146,7 @@ type Relay struct {
 // event below the cursor waits longer only while walks are that slow.
 type claimCursor struct {
 	mu       sync.Mutex
-	from     uuid.UUID     // the lowest id pending at the last claim (zero: unknown)
+	from     uuid.UUID     // the lowest id pending and claimable (or leased) at the last claim (zero: unknown)
 	walkedAt time.Time     // the last walk from the lowest id
 	walkCost time.Duration // how long it took
 	fullWalk time.Duration
