@@ -154,23 +154,23 @@ func PausedTopics(ctx context.Context, q db.Querier) ([]TopicPause, error) {
 // or after $1, the relay's cursor (Relay.claim), of an event that a claim
 // could take now or once a lease ends: where the claim's walk of
 // outbox_event_pending_idx may start without passing over the entries of
-// events published since (NULL: nothing so from there). It passes over the
-// events that stay pending without being claimable: backing off for more
-// than a second ($2 is the claim's clock, NULL for the database's), and,
-// when $3 (ordering), held behind a dead letter or such an event of their
-// aggregate. The second matters: a new event's available_at is its
-// transaction's start, which can be later than this statement's timestamp
-// (set before the claim lock was granted) — passed over as "backing off",
+// events published since (NULL: nothing so from there).
+//
+// It passes over the events that stay pending without being claimable:
+// backing off for more than a second ($2 is the claim's clock, NULL for the
+// database's), and, when $3 (ordering), those held behind a dead letter or
+// such an event of their aggregate. Stopping at one of those would hold the
+// cursor at its id for as long as the event is stuck — a dead letter can
+// wait days for an operator — and every claim would walk the entries of
+// everything published since (claimCursor says how they are claimed once
+// they can be). An event behind one under a live lease is not passed over:
+// it is claimable as soon as that one is published. The second of margin
+// matters: a new event's available_at is its transaction's start, which can
+// be later than this statement's timestamp; passed over as "backing off",
 // such events lay below the cursor until a walk from the lowest id (bench
-// R2 at 2,500/s: 12,300 events stuck for 15 s). An event with less than a
-// second to wait holds the cursor for that second. Stopping
-// at one of those would hold the cursor at its id for as long as the event
-// is stuck — a dead letter can wait days for an operator — and every claim
-// would walk the entries of everything published since (claimCursor says
-// how they are claimed once they can be). An event behind one under a live
-// lease is not passed over: it is claimable as soon as that one is
-// published. One probe of outbox_event_pending_aggregate_idx per event
-// looked at, and the first is claimable unless something is stuck.
+// R2 at 2,500/s: 12,300 events stuck for 15 s). One probe of
+// outbox_event_pending_aggregate_idx per event looked at; the first is
+// claimable unless something is stuck.
 const claimFloorSQL = `
 	WITH RECURSIVE p AS (SELECT coalesce(array_agg(topic), '{}') AS topics FROM outbox_topic_pause),
 	t AS (
