@@ -101,10 +101,10 @@ func TestBacklogCountsStayExactUnderAConcurrentMix(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
-	// A deadlock between writers that lock rows in different orders (prune
-	// walks published_at, a replay job ids, raw deletes anything) aborts one
-	// transaction whole, as it would in production: expected here, and its
-	// deltas must vanish with it.
+	// A deadlock between writers that lock rows in different orders (the
+	// product's lock in id order; the raw deletes and updates here do not)
+	// aborts one transaction whole, as it would in production: expected
+	// here, and its deltas must vanish with it.
 	fail := func(what string, err error) {
 		if err != nil && ctx.Err() == nil && !db.IsRetryable(err) {
 			t.Errorf("%s: %v", what, err)

@@ -292,26 +292,37 @@ func Prune(ctx context.Context, q db.Querier, retention time.Duration, batch int
 	if retention < 0 {
 		return 0, fmt.Errorf("outbox: retention must not be negative (got %s)", retention)
 	}
-	// Oldest first along outbox_event_published_idx; the outer status check
-	// is belt and braces (published is terminal).
+	// Oldest first along outbox_event_published_idx, then locked in id
+	// order: every other locker of outbox rows (a job's chunk, an
+	// operator's action) locks in id order, and a replayed event's
+	// published_at runs against its id, so locking in published_at order
+	// closed cycles with a replay job's chunk (a deadlock, one of the two
+	// aborted). A row a replay moved back to pending meanwhile fails the
+	// outer status check when the DELETE re-reads it, and stays.
 	published, err := db.DeleteInBatches(ctx, q, "outbox: prune", `
 		DELETE FROM outbox_event
 		 WHERE id IN (SELECT id FROM outbox_event
-		               WHERE status = 'published' AND published_at < $1
-		               ORDER BY published_at
-		               LIMIT $2)
+		               WHERE id IN (SELECT id FROM outbox_event
+		                             WHERE status = 'published' AND published_at < $1
+		                             ORDER BY published_at
+		                             LIMIT $2)
+		               ORDER BY id
+		               FOR UPDATE)
 		   AND status = 'published'`, now.Add(-retention), batch)
 	if err != nil {
 		return published, err
 	}
 	// Discarded events are terminal too, and few: outbox_event_discarded_idx
 	// holds only them, so each batch reads O(discarded) rows at most.
+	// Locked in id order too (FOR UPDATE above the ORDER BY, not the
+	// DELETE's join, decides the order).
 	discarded, err := db.DeleteInBatches(ctx, q, "outbox: prune discarded", `
 		DELETE FROM outbox_event
 		 WHERE id IN (SELECT id FROM outbox_event
 		               WHERE status = 'discarded' AND discarded_at < $1
 		               ORDER BY id
-		               LIMIT $2)
+		               LIMIT $2
+		               FOR UPDATE)
 		   AND status = 'discarded'`, now.Add(-retention), batch)
 	return published + discarded, err
 }
