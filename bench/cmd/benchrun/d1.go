@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -107,13 +108,7 @@ func runD1(ctx context.Context, e *workloadEnv) error {
 		for qi, q := range queries {
 			rec, lat := recs[qi], lats[qi]
 			slices.Sort(lat)
-			r := &wlResult{Workload: "D1", Metric: fmt.Sprintf("%s p99, %s (p50 %s ms)", q.name, d1Rows(q.name, sz), fmtVal(pct(lat, 50))),
-				System: "console", Config: fmt.Sprintf("%d reps", reps), Unit: "ms", Runs: []float64{pct(lat, 99)},
-				Details: map[string]any{"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "max_ms": lat[len(lat)-1], "size": sz.label}}
-			got[key{sz.label, q.name}] = r.settle()
-			if si == 0 {
-				order = append(order, q.name)
-			}
+			buffers := 0
 			for i, st := range rec.stmts {
 				plan, err := explain(ctx, pool, st.sql, st.args...)
 				if err != nil {
@@ -125,6 +120,25 @@ func runD1(ctx context.Context, e *workloadEnv) error {
 					name += fmt.Sprintf(" (statement %d of %d)", i+1, len(rec.stmts))
 				}
 				e.plan("D1", name, plan)
+				buffers += rootBuffers(plan)
+			}
+			// The snapshot's goal is a p99 (issue 12). A list page is a
+			// fraction of a millisecond: its p99 of 400 is the few slowest
+			// draws, i.e. the shared machine's scheduler (runs of the same
+			// code read a deep page at 0.9× to 3.9× its first page with the
+			// same plan and buffers), so list pages are compared by p50 and
+			// by the buffers their statements read, which grow with depth
+			// if the plan does; their p99 is still reported.
+			stat, v, other := "p99", pct(lat, 99), fmt.Sprintf("p50 %s ms", fmtVal(pct(lat, 50)))
+			if q.name != "snapshot" {
+				stat, v, other = "p50", pct(lat, 50), fmt.Sprintf("p99 %s ms, %d buffers", fmtVal(pct(lat, 99)), buffers)
+			}
+			r := &wlResult{Workload: "D1", Metric: fmt.Sprintf("%s %s, %s (%s)", q.name, stat, d1Rows(q.name, sz), other),
+				System: "console", Config: fmt.Sprintf("%d reps", reps), Unit: "ms", Runs: []float64{v},
+				Details: map[string]any{"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "max_ms": lat[len(lat)-1], "size": sz.label, "buffers": buffers}}
+			got[key{sz.label, q.name}] = r.settle()
+			if si == 0 {
+				order = append(order, q.name)
 			}
 		}
 		pool.Close()
@@ -140,12 +154,15 @@ func runD1(ctx context.Context, e *workloadEnv) error {
 			l.goal(fmt.Sprintf("p99 ≤ 10 ms and ≤ 1.5× %s", small), l.Median <= 10 && l.Ratio <= 1.5)
 		case strings.HasSuffix(name, "deep page"):
 			first := got[key{large, strings.TrimSuffix(name, "deep page") + "first page"}]
-			deep := &wlResult{Workload: "D1", Metric: fmt.Sprintf("%s p99 ÷ first page, %s", name, d1Rows(name, sizes[1])), System: "console", Config: l.Config, Unit: "ms", Runs: l.Runs}
+			deep := &wlResult{Workload: "D1", Metric: fmt.Sprintf("%s p50 ÷ first page, %s", name, d1Rows(name, sizes[1])), System: "console", Config: l.Config, Unit: "ms", Runs: l.Runs}
 			e.add(deep).against(first)
 			deep.Baseline = "first page, " + d1Rows(name, sizes[1])
-			deep.goal("≤ 1.5× first page", deep.Ratio <= 1.5)
+			bufRatio := float64(buffersOf(l)) / float64(max(1, buffersOf(first)))
+			deep.Details = map[string]any{"buffers_ratio": bufRatio, "p99_ratio": l.Details["p99_ms"].(float64) / first.Details["p99_ms"].(float64)}
+			deep.goal(fmt.Sprintf("≤ 1.5× first page (buffers %.2f×)", bufRatio), deep.Ratio <= 1.5 && bufRatio <= 1.5)
 		default:
-			l.goal("≤ 1.5× "+small, l.Ratio <= 1.5)
+			bufRatio := float64(buffersOf(l)) / float64(max(1, buffersOf(s)))
+			l.goal(fmt.Sprintf("≤ 1.5× %s (buffers %.2f×)", small, bufRatio), l.Ratio <= 1.5 && bufRatio <= 1.5)
 		}
 	}
 	if err := d1Churn(ctx, e, reps); err != nil {
@@ -154,6 +171,38 @@ func runD1(ctx context.Context, e *workloadEnv) error {
 	e.note("d1", "sizes %s and %s (outbox events / payments / audit rows: %d/%d/%d and %d/%d/%d; %d pending outbox events (fewer when the set is smaller), %d dead, %d unknown payments); payload ~60 B (not 1 KB: the list pages and the snapshot never read it); p50/p99 of %d repetitions after 3 warm-ups, each the product function's whole call (all its statements and the scan); deep page = a keyset cursor at 90%% of the list's depth (the product's own cursor, its position replaced: see d1.go)",
 		small, large, sizes[0].outbox, sizes[0].payments, sizes[0].audit, sizes[1].outbox, sizes[1].payments, sizes[1].audit, d1Pending, d1Dead, d1Unknown, reps)
 	return nil
+}
+
+// rootBuffers is the shared buffers (hit and read) that the top node of an
+// EXPLAIN (ANALYZE, BUFFERS) plan reports: the whole statement's, its
+// planning left out. The top node's properties are the only lines indented
+// by exactly two spaces before "Planning".
+func rootBuffers(plan string) int {
+	for _, l := range strings.Split(plan, "\n") {
+		if strings.HasPrefix(l, "Planning") {
+			break
+		}
+		if !strings.HasPrefix(l, "  Buffers: ") {
+			continue
+		}
+		n := 0
+		for _, f := range strings.Fields(l) {
+			for _, k := range []string{"hit=", "read="} {
+				if v, ok := strings.CutPrefix(f, k); ok {
+					if x, err := strconv.Atoi(v); err == nil {
+						n += x
+					}
+				}
+			}
+		}
+		return n
+	}
+	return 0
+}
+
+func buffersOf(r *wlResult) int {
+	n, _ := r.Details["buffers"].(int)
+	return n
 }
 
 // d1Rows names the size of the table a query reads, e.g. "1M events".
