@@ -125,7 +125,7 @@ func runD1(ctx context.Context, e *workloadEnv) error {
 			// The snapshot's goal is a p99 (issue 12). A list page is a
 			// fraction of a millisecond: its p99 of 400 is the few slowest
 			// draws, i.e. the shared machine's scheduler (runs of the same
-			// code read a deep page at 0.9× to 3.9× its first page with the
+			// code read a deep page at up to 3.9× its first page with the
 			// same plan and buffers), so list pages are compared by p50 and
 			// by the buffers their statements read, which grow with depth
 			// if the plan does; their p99 is still reported.
