@@ -122,19 +122,20 @@ func runD1(ctx context.Context, e *workloadEnv) error {
 				e.plan("D1", name, plan)
 				buffers += rootBuffers(plan)
 			}
-			// The snapshot's goal is a p99 (issue 12). A list page is a
-			// fraction of a millisecond: its p99 of 400 is the few slowest
-			// draws, i.e. the shared machine's scheduler (runs of the same
+			// Every row reports the p99 (BENCH.md). A list page is a fraction
+			// of a millisecond, though: its p99 of 400 calls is the few
+			// slowest, i.e. the shared machine's scheduler (runs of the same
 			// code read a deep page at up to 3.9× its first page with the
-			// same plan and buffers), so list pages are compared by p50 and
-			// by the buffers their statements read, which grow with depth
-			// if the plan does; their p99 is still reported.
-			stat, v, other := "p99", pct(lat, 99), fmt.Sprintf("p50 %s ms", fmtVal(pct(lat, 50)))
+			// same plan, buffers and p50), so a list page's goal is judged on
+			// its p50 and on the buffers its statements read, which grow
+			// with depth if the plan does (the goal column names both
+			// ratios). The snapshot's goal stays its p99, as issue 12 states.
+			other := fmt.Sprintf("p50 %s ms", fmtVal(pct(lat, 50)))
 			if q.name != "snapshot" {
-				stat, v, other = "p50", pct(lat, 50), fmt.Sprintf("p99 %s ms, %d buffers", fmtVal(pct(lat, 99)), buffers)
+				other += fmt.Sprintf(", %d buffers", buffers)
 			}
-			r := &wlResult{Workload: "D1", Metric: fmt.Sprintf("%s %s, %s (%s)", q.name, stat, d1Rows(q.name, sz), other),
-				System: "console", Config: fmt.Sprintf("%d reps", reps), Unit: "ms", Runs: []float64{v},
+			r := &wlResult{Workload: "D1", Metric: fmt.Sprintf("%s p99, %s (%s)", q.name, d1Rows(q.name, sz), other),
+				System: "console", Config: fmt.Sprintf("%d reps", reps), Unit: "ms", Runs: []float64{pct(lat, 99)},
 				Details: map[string]any{"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "max_ms": lat[len(lat)-1], "size": sz.label, "buffers": buffers}}
 			got[key{sz.label, q.name}] = r.settle()
 			if si == 0 {
@@ -154,15 +155,13 @@ func runD1(ctx context.Context, e *workloadEnv) error {
 			l.goal(fmt.Sprintf("p99 ≤ 10 ms and ≤ 1.5× %s", small), l.Median <= 10 && l.Ratio <= 1.5)
 		case strings.HasSuffix(name, "deep page"):
 			first := got[key{large, strings.TrimSuffix(name, "deep page") + "first page"}]
-			deep := &wlResult{Workload: "D1", Metric: fmt.Sprintf("%s p50 ÷ first page, %s", name, d1Rows(name, sizes[1])), System: "console", Config: l.Config, Unit: "ms", Runs: l.Runs}
+			deep := &wlResult{Workload: "D1", Metric: fmt.Sprintf("%s p99 ÷ first page, %s", name, d1Rows(name, sizes[1])), System: "console", Config: l.Config, Unit: "ms", Runs: l.Runs,
+				Details: map[string]any{"p50_ratio": p50Ratio(l, first), "buffers_ratio": buffersRatio(l, first)}}
 			e.add(deep).against(first)
 			deep.Baseline = "first page, " + d1Rows(name, sizes[1])
-			bufRatio := float64(buffersOf(l)) / float64(max(1, buffersOf(first)))
-			deep.Details = map[string]any{"buffers_ratio": bufRatio, "p99_ratio": l.Details["p99_ms"].(float64) / first.Details["p99_ms"].(float64)}
-			deep.goal(fmt.Sprintf("≤ 1.5× first page (buffers %.2f×)", bufRatio), deep.Ratio <= 1.5 && bufRatio <= 1.5)
+			listGoal(deep, l, first, "first page")
 		default:
-			bufRatio := float64(buffersOf(l)) / float64(max(1, buffersOf(s)))
-			l.goal(fmt.Sprintf("≤ 1.5× %s (buffers %.2f×)", small, bufRatio), l.Ratio <= 1.5 && bufRatio <= 1.5)
+			listGoal(l, l, s, small)
 		}
 	}
 	if err := d1Churn(ctx, e, reps); err != nil {
@@ -203,6 +202,21 @@ func rootBuffers(plan string) int {
 func buffersOf(r *wlResult) int {
 	n, _ := r.Details["buffers"].(int)
 	return n
+}
+
+func p50Ratio(r, base *wlResult) float64 {
+	return r.Details["p50_ms"].(float64) / base.Details["p50_ms"].(float64)
+}
+
+func buffersRatio(r, base *wlResult) float64 {
+	return float64(buffersOf(r)) / float64(max(1, buffersOf(base)))
+}
+
+// listGoal judges a list page (q) against base on p50 and buffers and
+// writes both ratios into row's goal, whose ratio column is the p99's.
+func listGoal(row, q, base *wlResult, than string) {
+	p50, buf := p50Ratio(q, base), buffersRatio(q, base)
+	row.goal(fmt.Sprintf("p50 %.2f× and buffers %.2f× ≤ 1.5× %s", p50, buf, than), p50 <= 1.5 && buf <= 1.5)
 }
 
 // d1Rows names the size of the table a query reads, e.g. "1M events".
