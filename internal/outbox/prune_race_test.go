@@ -174,7 +174,7 @@ func TestPruneTakesItsRowsInIDOrder(t *testing.T) {
 	testkit.Until(t, "prune to wait for the chunk's row", func() bool {
 		var waiting bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox_event%')`).Scan(&waiting); err != nil {
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox_event%')`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		return waiting
