@@ -10,10 +10,18 @@ import (
 	"github.com/sluice-dev/sluice/internal/payments/provider"
 )
 
-// defaultPaymentsPoolSize sizes the payments service's database pool: well
-// above pgx's default (4 on a 2-core machine), so 32 concurrent clients are
-// not queued behind four connections.
-const defaultPaymentsPoolSize = 32
+// DefaultPaymentsPoolSize sizes the payments service's database pool. A
+// payment holds a connection for one short statement to reserve and one to
+// settle, never across the provider call, so a few connections serve many
+// clients; more backends than the database server has cores to run them add
+// contention, not payments. Bench P1 on 2 cores with 32 clients, interleaved
+// runs (bench/README.md, "The payments pool"): 8 connections gave 0.238× of
+// pgbench's TPS (median of 8) against 0.211× with 32 (median of 5), at 1.66
+// against 2.26 ms of server CPU per payment, and an open-loop p99 of 27
+// against 118 ms; 4 left the server waiting between round trips (0.205×), 6
+// and 12 were within the runs' spread of 8. A bigger database server wants a
+// bigger pool: PAYMENTS_DB_POOL_SIZE.
+const DefaultPaymentsPoolSize = 8
 
 // PaymentsAPI configures `console payments-api`: the reference payments
 // service and its recovery, reconcile and expiry workers.
@@ -42,7 +50,7 @@ func (c *PaymentsAPI) Register(f *Flags) {
 	f.String(&c.Addr, "addr", "PAYMENTS_API_ADDR", DefaultPaymentsAPIAddr, "listen address of the payments API (also serves /metrics)")
 	f.String(&c.Hosts, "hosts", "PAYMENTS_API_HOSTS", "", "comma-separated Host names clients use to reach the API besides its listen address (name: any port, name:port: that port); other Host headers get 421 (DNS rebinding defence)")
 	f.String(&c.MetricsAddr, "metrics-addr", "METRICS_ADDR", "", "serve /metrics on this host:port instead of on PAYMENTS_API_ADDR")
-	f.Int(&c.PoolSize, "db-pool-size", "PAYMENTS_DB_POOL_SIZE", defaultPaymentsPoolSize, "most database connections the service opens (each request in flight holds one for a few short statements)")
+	f.Int(&c.PoolSize, "db-pool-size", "PAYMENTS_DB_POOL_SIZE", DefaultPaymentsPoolSize, "most database connections the service opens (each request in flight holds one for a few short statements)")
 	f.String(&c.ProviderURL, "provider-url", "PROVIDER_URL", "http://"+DefaultProviderSimAddr, "base URL of the payment provider (e.g. `console provider-sim`)")
 	f.Duration(&c.ProviderTimeout, "provider-timeout", "PROVIDER_TIMEOUT", provider.DefaultTimeout, "give up on one provider call after this long (the outcome becomes unknown)")
 	c.PIIKeys.register(f)

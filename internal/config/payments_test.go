@@ -22,7 +22,7 @@ func TestPaymentsAPIConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Addr != "127.0.0.1:8081" || c.RetryWindow.Hours() != 72 || c.Topic != "sluice.payments" || c.PoolSize != 32 || len(c.HostList()) != 0 {
+	if c.Addr != "127.0.0.1:8081" || c.RetryWindow.Hours() != 72 || c.Topic != "sluice.payments" || c.PoolSize != 8 || len(c.HostList()) != 0 {
 		t.Fatalf("defaults: %+v", c)
 	}
 	withHosts := map[string]string{"PAYMENTS_API_HOSTS": " pay.example.com, api.example.com:443 ,", "PAYMENTS_DB_POOL_SIZE": "64"}

@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/internal/broker"
+	sluiceconfig "github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/outbox"
 )
 
@@ -83,7 +84,7 @@ func main() {
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the -profile system's runs to FILE-<sink>.pprof")
 	flag.StringVar(&o.profileSys, "profile", "relay", "system whose runs -cpuprofile covers")
 	flag.IntVar(&o.poolSize, "pool", 10, "connections per system's pool (the same for all)")
-	flag.IntVar(&o.payPool, "payments-pool", 32, "P1: the payments service's database pool (PAYMENTS_DB_POOL_SIZE)")
+	flag.IntVar(&o.payPool, "payments-pool", sluiceconfig.DefaultPaymentsPoolSize, "P1: the payments service's database pool (PAYMENTS_DB_POOL_SIZE)")
 	flag.StringVar(&o.payProvider, "payments-provider", "inproc", "P1: the simulated provider: inproc (a Go call that succeeds at once, as BENCH.md defines P1) or http (provider.Client to provider.Simulator over loopback HTTP: both on the bench's cores)")
 	flag.StringVar(&o.paySQL, "payments-sql", "", "P1: SQL run on the service's database after its migration, for what-if runs (e.g. 'DROP INDEX payment_invoice_idx'); the run is then not the product's")
 	flag.StringVar(&o.payTrace, "payments-trace", "", "P1: write the open loop's requests (ms after its start, latency in ms) to FILE-<run>.csv")

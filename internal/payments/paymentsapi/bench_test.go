@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/payments"
@@ -38,7 +39,7 @@ func BenchmarkCreatePayments(b *testing.B) {
 
 func benchCreate(b *testing.B, clients int) {
 	cfg := dbtest.Config(b)
-	cfg.MaxConns = 32 // PAYMENTS_DB_POOL_SIZE's default
+	cfg.MaxConns = config.DefaultPaymentsPoolSize
 	pool, err := db.OpenConfig(context.Background(), cfg)
 	if err != nil {
 		b.Fatal(err)
