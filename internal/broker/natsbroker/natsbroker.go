@@ -7,8 +7,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -129,7 +132,28 @@ func (n *JetStream) publishError(subject string, err error) error {
 	if !n.nc.IsConnected() {
 		return fmt.Errorf("%w: publish to %s while disconnected: %w", broker.ErrUnavailable, subject, err)
 	}
+	if connectionLost(err) {
+		return fmt.Errorf("%w: publish to %s: the connection failed: %w", broker.ErrUnavailable, subject, err)
+	}
 	return fmt.Errorf("broker: publish to %s: %w", subject, err)
+}
+
+// connectionLost says whether a publish failed on the connection itself: a
+// write or read on a socket the server has closed, or the client's own
+// "disconnected" errors. Such an error can reach the caller before the
+// client has noticed the disconnect (IsConnected still true): bench R4 saw a
+// publish fail with "write: broken pipe" at the moment the server stopped,
+// counted against a healthy event as a failed attempt. The message may or
+// may not have arrived; as ErrUnavailable it is sent again later without
+// spending an attempt (the stream deduplicates by event id). A timeout is not
+// among them: an ack that does not come on a live connection stays a
+// failure of the publish.
+func connectionLost(err error) bool {
+	var opErr *net.OpError
+	return errors.As(err, &opErr) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) ||
+		errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrStaleConnection)
 }
 
 // natsMsg is msg as JetStream stores it: the event id as Nats-Msg-Id (the

@@ -1,0 +1,88 @@
+package natsbroker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// brokenPipe returns the error a real socket gives when written after its
+// peer closed it (as a NATS server that stops does), wrapped as nats.go
+// hands it on.
+func brokenPipe(t *testing.T) error {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	peer, ok := <-accepted
+	if !ok {
+		t.Fatal("the listener accepted nothing")
+	}
+	_ = peer.(*net.TCPConn).SetLinger(0) // close with a reset: the next writes fail at once
+	_ = peer.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	buf := make([]byte, 64<<10)
+	for time.Now().Before(deadline) {
+		if _, err := c.Write(buf); err != nil {
+			return fmt.Errorf("nats: flush: %w", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("writes to a closed peer kept succeeding for 10 s")
+	return nil
+}
+
+// A publish that fails on the connection itself is the broker's outage
+// (ErrUnavailable: sent again without spending an attempt), even when the
+// client has not yet noticed the disconnect; a publish the broker refused or
+// did not acknowledge on a live connection is not.
+func TestConnectionLostTellsTheConnectionFromThePublish(t *testing.T) {
+	t.Parallel()
+	lost := []error{
+		brokenPipe(t),
+		fmt.Errorf("publish: %w", nats.ErrConnectionClosed),
+		nats.ErrConnectionReconnecting,
+		nats.ErrDisconnected,
+		nats.ErrStaleConnection,
+	}
+	for _, err := range lost {
+		if !connectionLost(err) {
+			t.Errorf("connectionLost(%v) = false, want true", err)
+		}
+	}
+	kept := []error{
+		nats.ErrTimeout,
+		context.DeadlineExceeded,
+		fmt.Errorf("wait for ack: %w", context.DeadlineExceeded),
+		nats.ErrMaxPayload,
+		nats.ErrNoResponders,
+		jetstream.ErrNoStreamResponse,
+		errors.New("nats: wrong last sequence"),
+	}
+	for _, err := range kept {
+		if connectionLost(err) {
+			t.Errorf("connectionLost(%v) = true, want false", err)
+		}
+	}
+}
