@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -77,7 +78,8 @@ type Simulator struct {
 	inquiry   InquiryMode
 	inquiryOp map[uuid.UUID]InquiryMode
 	stuck     map[uuid.UUID]bool
-	moves     int // how many times money moved (succeeded charges created)
+	moves     int          // how many times money moved (succeeded charges created)
+	charging  atomic.Int64 // charge requests being handled (ChargesInProgress)
 
 	srv  *http.Server
 	ln   net.Listener
@@ -205,6 +207,13 @@ func (s *Simulator) MoneyMoved() int {
 	return s.moves
 }
 
+// ChargesInProgress counts the charge requests the simulator is still
+// handling. A slow charge is recorded only after its delay, even when its
+// client gave up long before (as a real provider finishes a request nobody
+// waits for): while one is in progress, an inquiry may answer not_found for
+// an operation whose money is about to move.
+func (s *Simulator) ChargesInProgress() int64 { return s.charging.Load() }
+
 // Charge returns the record of one operation.
 func (s *Simulator) Charge(op uuid.UUID) (Charge, bool) {
 	s.mu.Lock()
@@ -261,6 +270,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func (s *Simulator) handleCharge(w http.ResponseWriter, r *http.Request) {
+	s.charging.Add(1)
+	defer s.charging.Add(-1)
 	var in wireCharge
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<14)).Decode(&in); err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "bad_request"})
