@@ -168,7 +168,8 @@ func PausedTopics(ctx context.Context, q db.Querier) ([]TopicPause, error) {
 // matters: a new event's available_at is its transaction's start, which can
 // be later than this statement's timestamp; passed over as "backing off",
 // such events lay below the cursor until a walk from the lowest id (bench
-// R2 at 2,500/s: 12,300 events stuck for 15 s). One probe of
+// R2 at 2,500/s: 12,300 events stuck for 15 s); an event with less than a
+// second to wait holds the cursor for that second. One probe of
 // outbox_event_pending_aggregate_idx per event looked at; the first is
 // claimable unless something is stuck.
 const claimFloorSQL = `

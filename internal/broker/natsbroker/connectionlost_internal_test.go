@@ -10,6 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/broker/brokertest"
+	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
 )
 
 // brokenPipe returns the error a real socket gives when written after its
@@ -84,5 +88,31 @@ func TestConnectionLostTellsTheConnectionFromThePublish(t *testing.T) {
 		if connectionLost(err) {
 			t.Errorf("connectionLost(%v) = true, want false", err)
 		}
+	}
+}
+
+// Publish's errors go through connectionLost while the client still counts
+// itself connected: the moment R4 met, when a write fails before the client
+// has processed the disconnect.
+func TestPublishErrorOnALiveClientTellsTheConnectionFromThePublish(t *testing.T) {
+	t.Parallel()
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	n, err := Open(context.Background(), srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	if !n.nc.IsConnected() {
+		t.Fatal("the client is not connected to a running server")
+	}
+	if err := n.publishError("subject", brokenPipe(t)); !errors.Is(err, broker.ErrUnavailable) {
+		t.Fatalf("a broken pipe on a client that counts itself connected: %v, want ErrUnavailable", err)
+	}
+	if err := n.publishError("subject", nats.ErrTimeout); errors.Is(err, broker.ErrUnavailable) {
+		t.Fatalf("an ack timeout on a live connection: %v, want a failed publish", err)
 	}
 }
