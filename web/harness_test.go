@@ -28,7 +28,8 @@ import (
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
-// countingQuerier counts the snapshot statements the feed runs.
+// countingQuerier counts the snapshot statements the feed runs: a batch
+// (the snapshot with its plan setting, one round trip) or a single one.
 type countingQuerier struct {
 	q live.Querier
 	n atomic.Int64
@@ -37,6 +38,11 @@ type countingQuerier struct {
 func (c *countingQuerier) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	c.n.Add(1)
 	return c.q.QueryRow(ctx, sql, args...)
+}
+
+func (c *countingQuerier) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	c.n.Add(1)
+	return c.q.SendBatch(ctx, b)
 }
 
 type harness struct {

@@ -68,6 +68,41 @@ func TestSnapshotReadsTheLiveState(t *testing.T) {
 	}
 }
 
+// Consecutive snapshots count a published event once: a mark stamps
+// published_at with its own statement's time, which can be after a
+// snapshot's now() and still visible to it. Counted by the window it falls
+// in, (previous snapshot, this snapshot], not by every window after its
+// previous snapshot.
+func TestConsecutiveSnapshotsCountAPublishedEventOnce(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	ids := outboxtest.Insert(t, pool, outboxtest.Seed{Topic: "ledger", Status: "published"})
+	var publishedAt time.Time
+	if err := pool.QueryRow(ctx, `UPDATE outbox_event SET published_at = now() + interval '300 milliseconds' WHERE id = $1 RETURNING published_at`,
+		ids[0]).Scan(&publishedAt); err != nil {
+		t.Fatal(err)
+	}
+	prev, total, reads := time.Now().Add(-time.Hour), int64(0), 0
+	for {
+		s, err := live.ReadSnapshot(ctx, pool, prev, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total, prev, reads = total+s.Published, s.At, reads+1
+		if s.At.After(publishedAt) {
+			break
+		}
+		if reads > 200 {
+			t.Fatalf("the database clock did not pass %v in %d snapshots", publishedAt, reads)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if total != 1 || reads < 2 {
+		t.Fatalf("%d snapshots counted the event %d times, want once", reads, total)
+	}
+}
+
 // The snapshot reads the partial indexes, never the whole history.
 func TestSnapshotPlanUsesPartialIndexes(t *testing.T) {
 	t.Parallel()
@@ -78,12 +113,9 @@ func TestSnapshotPlanUsesPartialIndexes(t *testing.T) {
 	if _, err := pool.Exec(ctx, `ANALYZE outbox_event`); err != nil {
 		t.Fatal(err)
 	}
+	// The plan every tick runs: the statement's generic plan (db.ReadAllGeneric).
 	sql, args := live.SnapshotQuery(time.Now().Add(-time.Second))
-	rows, err := pool.Query(ctx, "EXPLAIN "+sql, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	lines, err := db.ExplainGeneric(ctx, pool, "", sql, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,12 +143,24 @@ func TestSnapshotPlanUsesPartialIndexes(t *testing.T) {
 	if strings.Contains(plan, "Seq Scan on outbox_event") {
 		t.Error("plan scans the whole outbox")
 	}
+	// No LIMIT is a parameter: a generic plan takes LIMIT $n for a tenth
+	// of the rows, and at 500k events listed the newest five dead letters
+	// by sorting all of them (D1, 1,005 buffers against 7). Whether the
+	// planner sorts here depends on this small table's layout, so the test
+	// reads the statement itself.
+	if m := regexp.MustCompile(`LIMIT\s+\$\d+`).FindString(sql); m != "" {
+		t.Errorf("the snapshot has a parameter for a LIMIT (%s): write it as a literal (db.Int)", m)
+	}
 }
 
 type constQuerier struct{ pool live.Querier }
 
 func (q constQuerier) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	return q.pool.QueryRow(ctx, sql, args...)
+}
+
+func (q constQuerier) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return q.pool.SendBatch(ctx, b)
 }
 
 // A client that never reads is dropped once its bounded buffer is full;

@@ -52,7 +52,7 @@ func (r *JobsRead) Expr(args *db.Args) string {
 	                                 ORDER BY j.id DESC), '[]')
 	  FROM (SELECT ` + jobReadColumns + ` FROM outbox_job WHERE state IN ('pending', 'running')
 	        UNION
-	        (SELECT ` + jobReadColumns + ` FROM outbox_job ORDER BY id DESC LIMIT ` + args.Add(r.Recent) + `)) j`
+	        (SELECT ` + jobReadColumns + ` FROM outbox_job ORDER BY id DESC LIMIT ` + db.Int(r.Recent) + `)) j`
 }
 
 const jobReadColumns = `id, kind, state, matched, done, skipped, cancel_requested_at, started_at, finished_at`

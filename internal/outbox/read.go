@@ -358,7 +358,17 @@ func ReadBacklog(ctx context.Context, q db.RowQuerier) (Backlog, error) {
 }
 
 // PublishedSinceRead counts events published after Since (the previous
-// snapshot's time), through the published partial index: O(published since).
+// snapshot's time) and up to the statement's now() (this snapshot's time),
+// through the published partial index: O(published since).
+//
+// The upper bound makes consecutive snapshots' windows meet without
+// overlap: a mark stamps published_at with its own statement's time, which
+// can be after this statement's now() and still committed before its
+// snapshot; that event now counts in the next window only, not in both. It
+// also gives the snapshot's generic plan (db.ReadAllGeneric) a range to
+// estimate, a small share of the index, where a lone published_at > $n is
+// estimated at a third of it: at 10M events that plan was a parallel scan
+// compiled by JIT, 200 ms for a count of a few rows.
 type PublishedSinceRead struct {
 	Since time.Time
 	Count int64
@@ -366,7 +376,7 @@ type PublishedSinceRead struct {
 
 // Expr implements db.Read.
 func (r *PublishedSinceRead) Expr(args *db.Args) string {
-	return `SELECT count(*) FROM outbox_event WHERE status = 'published' AND published_at > ` + args.Add(r.Since)
+	return `SELECT count(*) FROM outbox_event WHERE status = 'published' AND published_at > ` + args.Add(r.Since) + ` AND published_at <= now()`
 }
 
 // Scan implements db.Read.
@@ -400,7 +410,7 @@ func (r *RecentDeadRead) Expr(args *db.Args) string {
 	                                 'last_error', left(coalesce(last_error, dead_reason, ''), 160))
 	                                 ORDER BY dead_at DESC, id), '[]')
 	  FROM (SELECT id, topic, event_type, attempts, dead_at, last_error, dead_reason FROM outbox_event
-	         WHERE status = 'dead' ORDER BY dead_at DESC, id LIMIT ` + args.Add(r.Limit) + `) d`
+	         WHERE status = 'dead' ORDER BY dead_at DESC, id LIMIT ` + db.Int(r.Limit) + `) d`
 }
 
 // Scan implements db.Read.

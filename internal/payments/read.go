@@ -50,7 +50,7 @@ func (r *HealthRead) Expr(args *db.Args) string {
 	                                       'currency', currency, 'unknown_since', since) ORDER BY since, operation_id)
 	                                  FROM (SELECT operation_id, amount, currency, coalesce(unknown_since, updated_at) AS since
 	                                          FROM payment WHERE status = 'unknown'
-	                                         ORDER BY unknown_since, operation_id LIMIT ` + args.Add(r.Recent) + `) u), '[]'))`
+	                                         ORDER BY unknown_since, operation_id LIMIT ` + db.Int(r.Recent) + `) u), '[]'))`
 }
 
 // Scan implements db.Read.

@@ -41,6 +41,13 @@ func (c *counting) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 	return c.q.QueryRow(ctx, sql, args...)
 }
 
+// SendBatch counts a batch as one: the snapshot goes with its plan setting
+// in one round trip (db.ReadAllGeneric).
+func (c *counting) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	c.n.Add(1)
+	return c.q.SendBatch(ctx, b)
+}
+
 func main() {
 	url := flag.String("db", "", "database URL (migrated)")
 	tick := flag.Duration("tick", 0, "live snapshot interval (0: the console's default)")

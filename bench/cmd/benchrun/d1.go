@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/payments"
@@ -110,7 +111,7 @@ func runD1(ctx context.Context, e *workloadEnv) error {
 			slices.Sort(lat)
 			buffers := 0
 			for i, st := range rec.stmts {
-				plan, err := explain(ctx, pool, st.sql, st.args...)
+				plan, err := explainRecorded(ctx, pool, st)
 				if err != nil {
 					pool.Close()
 					return fmt.Errorf("explain %s: %w", q.name, err)
@@ -240,11 +241,7 @@ func d1Rows(query string, sz d1Size) string {
 
 type d1Query struct {
 	name string
-	run  func(ctx context.Context, q interface {
-		Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-		QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	}) error
+	run  func(ctx context.Context, q querier) error
 }
 
 func d1Queries(ctx context.Context, pool *pgxpool.Pool, sz d1Size) ([]d1Query, error) {
@@ -354,45 +351,72 @@ type querier = interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// recorded is a statement a recorder kept. generic: sent in a batch after
+// the setting that runs it on its generic plan (db.ReadAllGeneric), so its
+// EXPLAIN must show that plan.
+type recorded struct {
+	sql     string
+	args    []any
+	generic bool
 }
 
 // recorder passes statements through and keeps them (for EXPLAIN).
 type recorder struct {
 	q     querier
 	mu    sync.Mutex
-	stmts []struct {
-		sql  string
-		args []any
-	}
+	stmts []recorded
 }
 
-func (r *recorder) keep(sql string, args []any) {
+func (r *recorder) keep(st recorded) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range r.stmts {
-		if s.sql == sql {
+		if s.sql == st.sql {
 			return
 		}
 	}
-	r.stmts = append(r.stmts, struct {
-		sql  string
-		args []any
-	}{sql, args})
+	r.stmts = append(r.stmts, st)
 }
 
 func (r *recorder) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	r.keep(sql, args)
+	r.keep(recorded{sql: sql, args: args})
 	return r.q.Exec(ctx, sql, args...)
 }
 
 func (r *recorder) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	r.keep(sql, args)
+	r.keep(recorded{sql: sql, args: args})
 	return r.q.Query(ctx, sql, args...)
 }
 
 func (r *recorder) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	r.keep(sql, args)
+	r.keep(recorded{sql: sql, args: args})
 	return r.q.QueryRow(ctx, sql, args...)
+}
+
+// SendBatch keeps the batch's statements but the plan setting itself.
+func (r *recorder) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	generic := false
+	for _, q := range b.QueuedQueries {
+		if strings.Contains(q.SQL, "plan_cache_mode") {
+			generic = true
+			continue
+		}
+		r.keep(recorded{sql: q.SQL, args: q.Arguments, generic: generic})
+	}
+	return r.q.SendBatch(ctx, b)
+}
+
+// explainRecorded is EXPLAIN (ANALYZE, BUFFERS) of st on the plan the
+// product runs it on.
+func explainRecorded(ctx context.Context, pool *pgxpool.Pool, st recorded) (string, error) {
+	if !st.generic {
+		return explain(ctx, pool, st.sql, st.args...)
+	}
+	lines, err := db.ExplainGeneric(ctx, pool, "ANALYZE, BUFFERS", st.sql, st.args...)
+	return strings.Join(lines, "\n"), err
 }
 
 // The lists' cursors are opaque and carry a fingerprint of the filter; the

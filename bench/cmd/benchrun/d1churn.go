@@ -88,7 +88,7 @@ func d1Churn(ctx context.Context, e *workloadEnv, reps int) error {
 	}
 	for i, r := range reads {
 		for _, st := range recs[i].stmts {
-			plan, err := explain(ctx, pool, st.sql, st.args...)
+			plan, err := explainRecorded(ctx, pool, st)
 			if err != nil {
 				return fmt.Errorf("d1 churn: explain: %w", err)
 			}

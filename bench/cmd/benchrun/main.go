@@ -199,6 +199,10 @@ func run(ctx context.Context, o options) error {
 	dbs := map[string]string{}
 	defer func() {
 		for _, name := range dbs {
+			if os.Getenv("BENCH_KEEP_DBS") != "" { // to look at plans on the run's data afterwards
+				log.Printf("kept database %s", name)
+				continue
+			}
 			if _, err := admin.Exec(context.WithoutCancel(ctx), `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`); err != nil {
 				log.Printf("drop %s: %v", name, err)
 			}
