@@ -169,7 +169,8 @@ func TestSocketClosesWhenSessionEnds(t *testing.T) {
 }
 
 // The fan-out costs one snapshot statement per tick, whatever the number
-// of browsers: 50 sockets, and the statements counted over ten ticks.
+// of browsers: 50 sockets, and the statements counted over ten ticks (a
+// round trip each: the statement goes in a batch with its plan settings).
 func TestFanOutCostsOneQueryPerTick(t *testing.T) {
 	t.Parallel()
 	const clients = 50 // one session's sockets, so the per-session limit is raised

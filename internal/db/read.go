@@ -103,6 +103,8 @@ const genericPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan
 // connection lifetime, replace a plan made on statistics gone stale.
 //
 // It costs one more statement in the same round trip, not another round trip.
+// Run on a transaction (q a pgx.Tx), the settings last until that
+// transaction ends.
 func ReadAllGeneric(ctx context.Context, q BatchSender, reads ...Read) (now time.Time, err error) {
 	sql, args := Compose(reads...)
 	b := &pgx.Batch{}
