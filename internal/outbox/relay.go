@@ -415,12 +415,35 @@ const claimLock int64 = 0x511CEC1A1
 // pending events from the relay's cursor (claimCursor). It is one
 // transaction of three round trips: BEGIN, the claim lock and the read of
 // the paused topics and the walk's start sent together; the claim; the
-// commit. The events are returned only once their lease has committed.
+// commit. The events are returned once their lease has committed.
 func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, error) {
+	out, expired, leased, err := r.claimStart(ctx, token)
+	if err == nil && leased != nil {
+		if err = <-leased; err != nil {
+			return nil, 0, err
+		}
+	}
+	return out, expired, err
+}
+
+// claimStart is claim returning as soon as the claimed rows are read, while
+// the claim's COMMIT is still on its way: leased (nil when nothing was
+// claimed) then gives the commit's outcome, once. The relay publishes in the
+// meantime, so an event's way to the broker no longer waits for the lease's
+// flush to disk (1.7–2.4 ms at p50, 9–14 ms at p99 on a slow disk: bench R2).
+//
+// Publishing before the lease is durable keeps every guarantee: until the
+// COMMIT the claim's transaction holds the rows' locks (and the claim lock),
+// so no other relay can claim them, and after it the lease does; nothing is
+// marked before leased says the lease committed. If the COMMIT fails (the
+// server or the connection gone), the rows are pending again, unleased, and
+// are published again by whoever claims them next: a duplicate, as after a
+// lease lost in the middle of a batch, never a loss.
+func (r *Relay) claimStart(ctx context.Context, token uuid.UUID) ([]claimed, int, <-chan error, error) {
 	from, full := r.cursor.start(time.Now())
-	out, expired, err := r.claimFrom(ctx, token, from, full)
+	out, expired, leased, err := r.claimFrom(ctx, token, from, full)
 	if err != nil || len(out) > 0 || full || !r.cursor.rewalk(time.Now()) {
-		return out, expired, err
+		return out, expired, leased, err
 	}
 	// Nothing from the cursor: look from the lowest id at once, so that a
 	// claim that takes nothing has looked everywhere (an operator's retry
@@ -429,14 +452,16 @@ func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, err
 	return r.claimFrom(ctx, token, uuid.Nil, true)
 }
 
-// claimFrom is claim with its walk starting at the lowest pending id from
-// from on (full: from is the zero id, and the cursor may move back).
-func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool) ([]claimed, int, error) {
+// claimFrom is claimStart with its walk starting at the lowest pending id
+// from from on (full: from is the zero id, and the cursor may move back).
+// When it claimed nothing it has committed before it returns (leased nil).
+func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool) ([]claimed, int, <-chan error, error) {
 	var (
 		locked       time.Time     // when the claim lock was granted
 		walk         time.Duration // the floor read's walk, after it
 		paused       []string
 		floor, first *uuid.UUID
+		handedOff    bool // the transaction's COMMIT runs in its own goroutine
 	)
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
@@ -472,22 +497,25 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 		// releases the claim lock, also when ctx is done (bounded: a server
 		// that stopped answering must not hold the relay here).
 		defer func() {
+			if handedOff {
+				return
+			}
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			_ = tx.Rollback(rctx)
 		}()
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("outbox: claim: begin, claim lock, paused topics: %w", err)
+		return nil, 0, nil, fmt.Errorf("outbox: claim: begin, claim lock, paused topics: %w", err)
 	}
 	if first == nil { // nothing pending from the cursor on
 		r.cursor.moved(nil, full, walk, time.Now())
-		return nil, 0, nil
+		return nil, 0, nil, nil
 	}
 	if floor == nil {
 		if len(paused) > 0 { // only paused topics have pending events
 			r.cursor.moved(first, full, walk, time.Now())
-			return nil, 0, nil
+			return nil, 0, nil, nil
 		}
 		floor = first
 	} else if bytes.Compare(first[:], floor[:]) > 0 {
@@ -503,7 +531,7 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 	// current size; planning costs about a millisecond per batch.
 	rows, err := tx.Query(ctx, r.claimSQL, pgx.QueryExecModeExec, r.nowArg(), r.cfg.BatchSize, r.cfg.Lease.Microseconds(), token, *floor, paused)
 	if err != nil {
-		return nil, 0, fmt.Errorf("outbox: claim: %w", err)
+		return nil, 0, nil, fmt.Errorf("outbox: claim: %w", err)
 	}
 	defer rows.Close()
 	var (
@@ -522,7 +550,7 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 		)
 		if err := rows.Scan(&id, &c.AggregateType, &c.AggregateID, &c.AggregateSeq, &c.Topic, &c.EventType,
 			&c.Payload, &headers, &c.Attempts, &wasLeased, &c.ReplayTo, &c.Replay); err != nil {
-			return nil, 0, fmt.Errorf("outbox: claim: %w", err)
+			return nil, 0, nil, fmt.Errorf("outbox: claim: %w", err)
 		}
 		c.ID = id.Bytes
 		if len(headers) > 2 {
@@ -542,13 +570,34 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("outbox: claim: %w", err)
+		return nil, 0, nil, fmt.Errorf("outbox: claim: %w", err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, 0, fmt.Errorf("outbox: claim: commit: %w", err)
-	}
+	// The cursor moves now, before the COMMIT's answer: the next claim
+	// computes its start at once, and queues behind this one's claim lock
+	// anyway. Should the COMMIT fail, the events it leaves pending below the
+	// cursor are found by the next walk from the lowest id (claimCursor).
 	r.cursor.moved(first, full, walk, time.Now())
-	return out, expired, nil
+	if len(out) == 0 {
+		if err := tx.Commit(ctx); err != nil {
+			return nil, 0, nil, fmt.Errorf("outbox: claim: commit: %w", err)
+		}
+		return nil, expired, nil, nil
+	}
+	// A shutdown must not abandon a COMMIT under way (its outcome would be
+	// unknown), so it gets its own bounded context, as the rollback does.
+	handedOff = true
+	leased := make(chan error, 1)
+	go func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		err := tx.Commit(cctx)
+		if err != nil {
+			_ = tx.Rollback(cctx) // releases the connection whatever state the COMMIT left it in
+			err = fmt.Errorf("outbox: claim: commit: %w", err)
+		}
+		leased <- err
+	}()
+	return out, expired, leased, nil
 }
 
 type failure struct {
@@ -575,6 +624,18 @@ type claimedBatch struct {
 	events    []claimed
 	expired   int
 	err       error
+	leased    <-chan error // the claim's COMMIT (claimStart); nil: nothing claimed
+}
+
+// awaitLease waits for the claim's COMMIT: nil once the lease is durable.
+// Nothing about the batch may be written before (the marks and releases
+// match the lease token, which only a committed claim wrote). Called once
+// per batch.
+func (cb claimedBatch) awaitLease() error {
+	if cb.leased == nil {
+		return nil
+	}
+	return <-cb.leased
 }
 
 // claimBatch claims one batch under a fresh lease token.
@@ -584,7 +645,7 @@ func (r *Relay) claimBatch(ctx context.Context) claimedBatch {
 		return claimedBatch{err: fmt.Errorf("outbox: lock token: %w", err)}
 	}
 	claimedAt := time.Now()
-	batch, expired, err := r.claim(ctx, token)
+	batch, expired, leased, err := r.claimStart(ctx, token)
 	if err != nil {
 		return claimedBatch{err: err}
 	}
@@ -594,7 +655,7 @@ func (r *Relay) claimBatch(ctx context.Context) claimedBatch {
 		r.m.leaseExpired.Add(float64(expired))
 		r.log.Warn("outbox: took over expired leases", "count", expired)
 	}
-	return claimedBatch{token: token, claimedAt: claimedAt, events: batch, expired: expired}
+	return claimedBatch{token: token, claimedAt: claimedAt, events: batch, expired: expired, leased: leased}
 }
 
 // RunOnce claims one batch, publishes it and records the outcome. It is the
@@ -616,8 +677,16 @@ func (r *Relay) process(ctx context.Context, cb claimedBatch) (BatchResult, erro
 	}
 
 	// Stop starting publishes once the next one could outlive the lease:
-	// past that point another relay may own the rest of the batch.
+	// past that point another relay may own the rest of the batch. The
+	// publishes start while the claim's COMMIT is on its way (claimStart).
 	out := r.publish(ctx, batch, claimedAt.Add(r.cfg.Lease-r.cfg.PublishTimeout))
+	if err := cb.awaitLease(); err != nil {
+		// The claim never took effect: the events are pending and unleased,
+		// and whoever claims them next publishes them again.
+		r.log.Warn("outbox: the claim did not commit; its events stay pending and are published again later",
+			"published_meanwhile", len(out.published), "err", err)
+		return res, err
+	}
 
 	// The outcome is recorded even when ctx was cancelled (graceful stop):
 	// marking what the broker already has saves a duplicate later.
@@ -1132,7 +1201,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			// ahead without trying it, and pause before the next claim,
 			// whatever NOTIFYs say (they mean more events, not a broker).
 			if ahead != nil {
-				if cb := <-ahead; cb.err == nil {
+				if cb := <-ahead; cb.err == nil && cb.awaitLease() == nil {
 					dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 					if err := r.release(dctx, cb.events, cb.token, 0, ""); err != nil {
 						r.log.Warn("outbox: release the batch claimed ahead", "err", err)
