@@ -197,3 +197,15 @@ func TestClaimGivenUpWhileWaitingLeavesNothing(t *testing.T) {
 		t.Fatalf("after the claims: %d advisory locks held, %d events charged other than once; want 0 and 0", held, chargedOtherThanOnce)
 	}
 }
+
+// claim is claimStart waiting for the claim's COMMIT: the events once their
+// lease is durable, as these tests read the table right after.
+func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, error) {
+	out, expired, leased, err := r.claimStart(ctx, token)
+	if err == nil && leased != nil {
+		if err = <-leased; err != nil {
+			return nil, 0, err
+		}
+	}
+	return out, expired, err
+}

@@ -410,27 +410,16 @@ func (r *Relay) nowArg() *time.Time {
 // sixth to a quarter; their rate against the bare loop did not clearly move.
 const claimLock int64 = 0x511CEC1A1
 
-// claim takes up to BatchSize eligible events under a fresh lease token,
-// none of a paused topic (read once per claim, just before it), walking the
-// pending events from the relay's cursor (claimCursor). It is one
-// transaction of three round trips: BEGIN, the claim lock and the read of
-// the paused topics and the walk's start sent together; the claim; the
-// commit. The events are returned once their lease has committed.
-func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, error) {
-	out, expired, leased, err := r.claimStart(ctx, token)
-	if err == nil && leased != nil {
-		if err = <-leased; err != nil {
-			return nil, 0, err
-		}
-	}
-	return out, expired, err
-}
-
-// claimStart is claim returning as soon as the claimed rows are read, while
-// the claim's COMMIT is still on its way: leased (nil when nothing was
-// claimed) then gives the commit's outcome, once. The relay publishes in the
-// meantime, so an event's way to the broker no longer waits for the lease's
-// flush to disk (1.7–2.4 ms at p50, 9–14 ms at p99 on a slow disk: bench R2).
+// claimStart takes up to BatchSize eligible events under a fresh lease
+// token, none of a paused topic (read once per claim, just before it),
+// walking the pending events from the relay's cursor (claimCursor). It is
+// one transaction of three round trips: BEGIN, the claim lock and the read
+// of the paused topics and the walk's start sent together; the claim; the
+// commit. It returns as soon as the claimed rows are read, while the COMMIT
+// is still on its way: leased (nil when nothing was claimed) then gives the
+// commit's outcome, once. The relay publishes in the meantime, so an
+// event's way to the broker no longer waits for the lease's flush to disk
+// (1.7–2.4 ms at p50, 9–14 ms at p99 on a slow disk: bench R2).
 //
 // Publishing before the lease is durable keeps every guarantee: until the
 // COMMIT the claim's transaction holds the rows' locks (and the claim lock),
@@ -581,7 +570,7 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 		if err := tx.Commit(ctx); err != nil {
 			return nil, 0, nil, fmt.Errorf("outbox: claim: commit: %w", err)
 		}
-		return nil, expired, nil, nil
+		return nil, 0, nil, nil
 	}
 	// A shutdown must not abandon a COMMIT under way (its outcome would be
 	// unknown), so it gets its own bounded context, as the rollback does.
