@@ -116,3 +116,43 @@ func TestDashboardMetricsAndOutboxAgreeOnTheBacklog(t *testing.T) {
 		return len(missing) == 0, fmt.Errorf("metrics lack %v:\n%s", missing, grepLines(body, "sluice_outbox_"))
 	})
 }
+
+// Past its limits the held count is a lower bound, and every place that shows
+// it says so: 1,001 aggregates each hold one event behind a dead letter; one
+// read looks at the first 1,000 (outbox.HeldAggregatesCounted), so the tile
+// reads "1,000+" and /metrics gives 1000 with sluice_outbox_held_partial 1.
+func TestDashboardAndMetricsShowABoundedHeldCountAsALowerBound(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{tick: 50 * time.Millisecond})
+	ctx := context.Background()
+	n := outbox.HeldAggregatesCounted + 1
+	if _, err := h.pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload,
+		                          status, dead_at, dead_reason)
+		SELECT gen_random_uuid(), 'bounded', 'agg-' || g, s, 'held', 'bounded.v1', '{}',
+		       CASE s WHEN 1 THEN 'dead' ELSE 'pending' END,
+		       CASE s WHEN 1 THEN now() END, CASE s WHEN 1 THEN 'poison' END
+		  FROM generate_series(1, $1::int) g, generate_series(1, 2) s`, n); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := outbox.RecountBacklog(ctx, h.pool); err != nil { // rows written by hand
+		t.Fatal(err)
+	}
+	b := newBrowser(t)
+	h.login(t, b, "support", "support", "")
+	testkit.Eventually(t, "the dashboard to show a lower bound of the held events", func() (bool, error) {
+		_, body := b.get(t, h.base+"/", "text/html")
+		d := doc(t, body)
+		tile := d.Find(`[data-testid="held"]`)
+		got := strings.TrimSpace(tile.Text())
+		hint := strings.TrimSpace(tile.Parent().Find(".hint").Text())
+		return got == "1,000+" && strings.Contains(hint, "1,000+ aggregates") && strings.Contains(hint, "the list shows them all") &&
+				strings.TrimSpace(d.Find(`[data-testid="dead"]`).Text()) == "1,001",
+			fmt.Errorf("held tile %q (%q), dead tile %q", got, hint, d.Find(`[data-testid="dead"]`).Text())
+	})
+	testkit.Eventually(t, "/metrics to flag the held count as a lower bound", func() (bool, error) {
+		_, body := b.get(t, h.base+"/metrics", "")
+		ok := strings.Contains(body, "\nsluice_outbox_held 1000\n") && strings.Contains(body, "\nsluice_outbox_held_partial 1\n")
+		return ok, fmt.Errorf("metrics:\n%s", grepLines(body, "sluice_outbox_held"))
+	})
+}

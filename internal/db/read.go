@@ -146,7 +146,11 @@ func ExplainGeneric(ctx context.Context, q Beginner, options, sql string, args .
 		if options != "" {
 			explain += "(" + options + ") "
 		}
-		rows, err := tx.Query(ctx, explain+"EXECUTE "+name+"("+strings.Join(ph, ", ")+")", append([]any{simple}, args...)...)
+		execute := "EXECUTE " + name
+		if len(ph) > 0 { // EXECUTE name() is a syntax error
+			execute += "(" + strings.Join(ph, ", ") + ")"
+		}
+		rows, err := tx.Query(ctx, explain+execute, append([]any{simple}, args...)...)
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package live
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,7 +21,7 @@ type collector struct {
 	seen map[string]bool
 
 	backlog, oldest, dead, held, unknown, reconcile, stuck, discrepancies, clients *prometheus.Desc
-	jobs, paused                                                                   *prometheus.Desc
+	jobs, paused, heldPartial                                                      *prometheus.Desc
 }
 
 // Register adds the feed's gauges to reg.
@@ -32,7 +33,10 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 		oldest:  prometheus.NewDesc("sluice_outbox_oldest_pending_age_seconds", "Age of the oldest pending outbox event.", nil, nil),
 		dead:    prometheus.NewDesc("sluice_outbox_dead_letter", "Dead-lettered outbox events.", nil, nil),
 		held: prometheus.NewDesc("sluice_outbox_held",
-			"Pending outbox events held behind a dead letter of their aggregate (ordering on).", nil, nil),
+			"Pending outbox events held behind a dead letter of their aggregate (ordering on); a lower bound when sluice_outbox_held_partial is 1.", nil, nil),
+		heldPartial: prometheus.NewDesc("sluice_outbox_held_partial",
+			fmt.Sprintf("1 when sluice_outbox_held is a lower bound: more than %d aggregates hold dead letters, or more events are held than one read counts (%d in all).",
+				outbox.HeldAggregatesCounted, outbox.HeldEventsCounted), nil, nil),
 		unknown:   prometheus.NewDesc("sluice_payments_unknown", "Payments whose outcome is unknown.", nil, nil),
 		reconcile: prometheus.NewDesc("sluice_payments_reconcile_age_seconds", "Age of the oldest unknown payment.", nil, nil),
 		stuck:     prometheus.NewDesc("sluice_idempotency_stuck_processing", "Processing idempotency records whose lease expired.", nil, nil),
@@ -47,7 +51,7 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs, c.paused} {
+	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs, c.paused, c.heldPartial} {
 		ch <- d
 	}
 }
@@ -77,6 +81,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, s.OldestPendingAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(s.Dead))
 	ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(s.Held.Events))
+	ch <- prometheus.MustNewConstMetric(c.heldPartial, prometheus.GaugeValue, b2f(s.Held.Partial))
 	ch <- prometheus.MustNewConstMetric(c.unknown, prometheus.GaugeValue, float64(s.Unknown))
 	ch <- prometheus.MustNewConstMetric(c.reconcile, prometheus.GaugeValue, s.ReconcileAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.stuck, prometheus.GaugeValue, float64(s.StuckProcessing))
@@ -94,4 +99,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.jobs, prometheus.GaugeValue, float64(pending), outbox.JobPending)
 	ch <- prometheus.MustNewConstMetric(c.jobs, prometheus.GaugeValue, float64(running), outbox.JobRunning)
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -36,9 +36,14 @@ func init() { register(60, "d1", runD1) }
 
 const (
 	d1Pending = 100000
-	d1Dead    = 1000
 	d1Unknown = 1000
 )
+
+// d1Dead is how many dead outbox events D1 loads (-d1-dead): 1,000 by
+// default, in 1,000 aggregates at 10M rows (250 at the quick run's 500k);
+// more, to see the snapshot in an incident that dead-letters thousands of
+// aggregates (the held count's bound, bench/README "The held count, bounded").
+var d1Dead = 1000
 
 type d1Size struct {
 	label                   string
