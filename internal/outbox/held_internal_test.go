@@ -2,11 +2,14 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/internal/db"
@@ -127,5 +130,165 @@ func TestHeldReadStopsAtItsLimits(t *testing.T) {
 	}
 	if r, err := ReadHeld(context.Background(), pool); err != nil || r != (Held{Events: 6000, Aggregates: 200}) {
 		t.Fatalf("ReadHeld %+v (%v), want 6,000 events in 200 aggregates", r, err)
+	}
+}
+
+// collectList pages through f, n rows a page, with listSQL's form.
+func collectList(t *testing.T, pool *pgxpool.Pool, f Filter, oldest, byDead bool, n int) []string {
+	t.Helper()
+	var (
+		out []string
+		p   = Page{Oldest: oldest, Limit: n}
+	)
+	for range 1000 {
+		sql, args, limit, err := listSQL(f, p, byDead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := pool.Query(context.Background(), sql, args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ListRow, error) {
+			var l ListRow
+			err := r.Scan(&l.ID, &l.Topic, &l.EventType, &l.AggregateType, &l.AggregateID, &l.AggregateSeq,
+				&l.Attempts, &l.CreatedAt, &l.Status, &l.InFlight, &l.Held, &l.LastError)
+			return l, err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, l := range got {
+			if i < limit {
+				out = append(out, fmt.Sprintf("%s %s#%d %s held=%v", l.ID, l.AggregateID, l.AggregateSeq, l.Topic, l.Held))
+			}
+		}
+		if len(got) <= limit {
+			return out
+		}
+		p.After = encodeCursor(f, oldest, got[limit-1].ID)
+	}
+	t.Fatal("more than 1,000 pages")
+	return nil
+}
+
+// The held_dead list read from the dead letters is the same list as the one
+// read from the pending events, page after page, in both orders and with the
+// filter's other conditions; its count too.
+func TestHeldDeadListFromTheDeadLettersIsTheSameList(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	// 40 aggregates of 12 events on two topics (ids in creation order, as
+	// UUIDv7); dead events in some: two in one aggregate, one at its end
+	// (holding nothing), one at its start.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload)
+		SELECT (lpad(to_hex($1::bigint + s * 40 + a), 12, '0') || '7000' || '8000' || lpad(to_hex(s * 40 + a), 12, '0'))::uuid,
+		       'test', 'a' || a, s, CASE WHEN a % 3 = 0 THEN 'left' ELSE 'right' END, 'test.v' || (s % 2), '{}'
+		  FROM generate_series(0, 39) a, generate_series(1, 12) s`, time.Now().Add(-time.Hour).UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `
+		UPDATE outbox_event SET status = 'dead', dead_at = now(), dead_reason = 'poison'
+		 WHERE (aggregate_id, aggregate_seq) IN (('a1', 5), ('a1', 8), ('a2', 12), ('a3', 1), ('a7', 3), ('a12', 11), ('a30', 6))`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE outbox_event SET status = 'published', published_at = now()
+		 WHERE (aggregate_id, aggregate_seq) IN (('a30', 7), ('a4', 1))`); err != nil {
+		t.Fatal(err)
+	}
+	from := time.Now().Add(-time.Hour).Add(6 * 40 * time.Millisecond)
+	for _, f := range []Filter{
+		{Status: FilterHeldDead},
+		{Status: FilterHeldDead, Topic: "right"},
+		{Status: FilterHeldDead, EventType: "test.v1"},
+		{Status: FilterHeldDead, AggregateType: "test", AggregateID: "a1"},
+		{Status: FilterHeldDead, CreatedFrom: from},
+	} {
+		for _, oldest := range []bool{false, true} {
+			want := collectList(t, pool, f, oldest, false, 4)
+			got := collectList(t, pool, f, oldest, true, 4)
+			if len(want) == 0 || strings.Join(got, "\n") != strings.Join(want, "\n") {
+				t.Errorf("%+v oldest=%v: from the dead letters\n%s\nfrom the pending events\n%s", f, oldest, strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			if byDead, err := listByDead(ctx, pool, f, Page{Oldest: oldest}); err != nil || !byDead {
+				t.Errorf("%+v: List reads %d held events from the pending events (%v)", f, len(want), err)
+			}
+			if !oldest {
+				total, err := Count(ctx, pool, f)
+				if err != nil || total.N != int64(len(want)) || total.Estimate {
+					t.Errorf("%+v: count %+v (%v), the list has %d", f, total, err, len(want))
+				}
+			}
+		}
+	}
+	// a1: 6 (after its first dead letter, the second one not pending); a2:
+	// none (its dead letter is its last event); a3: 11; a7: 9; a12: 1; a30: 5
+	// (one after its dead letter is published): 32.
+	if total, err := Count(ctx, pool, Filter{Status: FilterHeldDead}); err != nil || total.N != 32 {
+		t.Fatalf("held_dead count %+v (%v), want 32", total, err)
+	}
+}
+
+// Many held events are read from the pending events (the dead letters'
+// form would sort them all for each page); a few, from the dead letters,
+// without walking the pending events: one poison message in a backlog.
+func TestHeldDeadListReadsFewHeldEventsFromTheDeadLetters(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	// A backlog of 20,000 pending events, and one aggregate holding 3
+	// behind a dead letter.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload)
+		SELECT gen_random_uuid(), 'test', 'b' || g, 1, 'backlog', 'test.v1', '{}' FROM generate_series(1, 20000) g`); err != nil {
+		t.Fatal(err)
+	}
+	seedHeld(t, pool, 1, 3)
+	if _, err := pool.Exec(ctx, `ANALYZE outbox_event`); err != nil {
+		t.Fatal(err)
+	}
+	f := Filter{Status: FilterHeldDead}
+	if byDead, err := listByDead(ctx, pool, f, Page{}); err != nil || !byDead {
+		t.Fatalf("3 held events: from the dead letters %v (%v), want true", byDead, err)
+	}
+	sql, args, _, err := listSQL(f, Page{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+sql, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := strings.Join(lines, "\n")
+	if strings.Contains(plan, "outbox_event_pending_idx") || strings.Contains(plan, "Seq Scan on outbox_event") ||
+		!strings.Contains(plan, "outbox_event_dead_aggregate_idx") {
+		t.Fatalf("the page walks the backlog rather than the dead letters:\n%s", plan)
+	}
+	if page, err := List(ctx, pool, f, Page{}); err != nil || len(page.Rows) != 3 {
+		t.Fatalf("list: %d rows (%v), want the 3 held events", len(page.Rows), err)
+	}
+
+	// 10,001 held events behind one more dead letter: from the pending events.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, status, dead_at, dead_reason)
+		SELECT gen_random_uuid(), 'test', 'many', s, 'backlog', 'test.v1', '{}',
+		       CASE s WHEN 1 THEN 'dead' ELSE 'pending' END, CASE s WHEN 1 THEN now() END, CASE s WHEN 1 THEN 'poison' END
+		  FROM generate_series(1, $1::int + 2) s`, CountExactBelow); err != nil {
+		t.Fatal(err)
+	}
+	if byDead, err := listByDead(ctx, pool, f, Page{}); err != nil || byDead {
+		t.Fatalf("%d held events: from the dead letters %v (%v), want false", CountExactBelow+4, byDead, err)
+	}
+	if page, err := List(ctx, pool, f, Page{Limit: 10}); err != nil || len(page.Rows) != 10 || page.Next == "" {
+		t.Fatalf("list: %d rows, next %q (%v)", len(page.Rows), page.Next, err)
+	}
+	if total, err := Count(ctx, pool, f); err != nil || !total.Estimate || total.N <= CountExactBelow {
+		t.Fatalf("count %+v (%v): want an estimate above %d", total, err, CountExactBelow)
 	}
 }

@@ -111,6 +111,36 @@ const heldExpr = `EXISTS (SELECT 1 FROM outbox_event h
 	           AND h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
 	           AND h.aggregate_seq < e.aggregate_seq)`
 
+// heldDeadFrom is the held_dead filter read from the dead letters rather
+// than from the pending events: each aggregate's first dead event
+// (outbox_event_dead_aggregate_idx, in aggregate order), then the events of
+// its aggregate after it (one range of outbox_event_pending_aggregate_idx),
+// as e. With the filter's other conditions and e.status = 'pending' it is
+// heldDeadExpr's set: a pending event with an earlier dead event in its
+// aggregate is one after its aggregate's first dead event. It reads
+// O(dead aggregates + held events), where heldDeadExpr walks the pending
+// events and probes each: with one poison message in a backlog of a
+// million, a million probes to find its few held events.
+const heldDeadFrom = `(SELECT DISTINCT ON (aggregate_type, aggregate_id) aggregate_type, aggregate_id, aggregate_seq
+	          FROM outbox_event WHERE status = 'dead'
+	         ORDER BY aggregate_type, aggregate_id, aggregate_seq) d
+	 CROSS JOIN LATERAL (SELECT e.* FROM outbox_event e
+	         WHERE e.aggregate_type = d.aggregate_type AND e.aggregate_id = d.aggregate_id
+	           AND e.aggregate_seq > d.aggregate_seq) e`
+
+// fromWhere is `FROM … WHERE …` for f on e: from the dead letters when
+// byDead and f is the held_dead filter (heldDeadFrom), else from
+// outbox_event.
+func (f Filter) fromWhere(args pgx.NamedArgs, byDead bool) (string, error) {
+	if byDead && f.Status == FilterHeldDead {
+		f.Status = StatusPending
+		where, err := f.where(args)
+		return heldDeadFrom + "\n\t WHERE " + where, err
+	}
+	where, err := f.where(args)
+	return "outbox_event e\n\t WHERE " + where, err
+}
+
 // where builds f's conditions on outbox_event e, adding its parameters to
 // args. It returns "TRUE" for an empty filter.
 func (f Filter) where(args pgx.NamedArgs) (string, error) {
@@ -263,7 +293,11 @@ type ListPage struct {
 // catches a cursor used with another filter (a stale link), so the page
 // says "start again" instead of showing a confusing slice.
 func List(ctx context.Context, q db.Querier, f Filter, p Page) (ListPage, error) {
-	sql, args, limit, err := listSQL(f, p)
+	byDead, err := listByDead(ctx, q, f, p)
+	if err != nil {
+		return ListPage{}, err
+	}
+	sql, args, limit, err := listSQL(f, p, byDead)
 	if err != nil {
 		return ListPage{}, err
 	}
@@ -288,8 +322,58 @@ func List(ctx context.Context, q db.Querier, f Filter, p Page) (ListPage, error)
 	return page, nil
 }
 
-// listSQL is List's statement (and the plan test's).
-func listSQL(f Filter, p Page) (string, pgx.NamedArgs, int, error) {
+// listByDead says whether List reads f from the dead letters: a held_dead
+// filter whose events are few (at most CountExactBelow after p's cursor),
+// since the page sorts them all, a cost that grows with them. Many held
+// events are dense enough among the pending ones for the walk of the
+// pending index to find a page soon.
+func listByDead(ctx context.Context, q db.Querier, f Filter, p Page) (bool, error) {
+	if f.Status != FilterHeldDead {
+		return false, nil
+	}
+	n, err := countHeldDead(ctx, q, f, p, CountExactBelow)
+	return n <= CountExactBelow, err
+}
+
+// countHeldDead counts f's held_dead events after p's cursor from the dead
+// letters, up to most+1.
+func countHeldDead(ctx context.Context, q db.Querier, f Filter, p Page, most int64) (int64, error) {
+	args := pgx.NamedArgs{"most": most + 1}
+	fw, err := f.fromWhere(args, true)
+	if err != nil {
+		return 0, err
+	}
+	fw, err = afterCursor(fw, args, f, p)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+fw+` LIMIT @most) s`, args).Scan(&n); err != nil {
+		return 0, fmt.Errorf("outbox: list: count held events: %w", err)
+	}
+	return n, nil
+}
+
+// afterCursor adds p's cursor, if any, to the conditions of fw.
+func afterCursor(fw string, args pgx.NamedArgs, f Filter, p Page) (string, error) {
+	if p.After == "" {
+		return fw, nil
+	}
+	after, err := decodeCursor(f, p.Oldest, p.After)
+	if err != nil {
+		return "", err
+	}
+	cmp := "<"
+	if p.Oldest {
+		cmp = ">"
+	}
+	args["after"] = after
+	return fw + "\n\t   AND e.id " + cmp + " @after", nil
+}
+
+// listSQL is List's statement (and the plan test's); byDead: a held_dead
+// filter is read from the dead letters (heldDeadFrom).
+func listSQL(f Filter, p Page, byDead bool) (string, pgx.NamedArgs, int, error) {
 	limit := p.Limit
 	if limit <= 0 {
 		limit = 50
@@ -298,21 +382,16 @@ func listSQL(f Filter, p Page) (string, pgx.NamedArgs, int, error) {
 		return "", nil, 0, fmt.Errorf("%w: at most %d rows per page", ErrInvalidFilter, MaxPageRows)
 	}
 	args := pgx.NamedArgs{"limit": limit + 1}
-	where, err := f.where(args)
+	fw, err := f.fromWhere(args, byDead)
 	if err != nil {
 		return "", nil, 0, err
 	}
-	order, cmp := "DESC", "<"
-	if p.Oldest {
-		order, cmp = "ASC", ">"
+	if fw, err = afterCursor(fw, args, f, p); err != nil {
+		return "", nil, 0, err
 	}
-	if p.After != "" {
-		after, err := decodeCursor(f, p.Oldest, p.After)
-		if err != nil {
-			return "", nil, 0, err
-		}
-		where += "\n\t   AND e.id " + cmp + " @after"
-		args["after"] = after
+	order := "DESC"
+	if p.Oldest {
+		order = "ASC"
 	}
 	return `
 	SELECT e.id, e.topic, e.event_type, e.aggregate_type, e.aggregate_id, e.aggregate_seq,
@@ -320,8 +399,7 @@ func listSQL(f Filter, p Page) (string, pgx.NamedArgs, int, error) {
 	       coalesce(e.status = 'pending' AND e.locked_until > clock_timestamp(), false),
 	       e.status = 'pending' AND ` + heldExpr + `,
 	       left(coalesce(e.last_error, ''), ` + fmt.Sprint(listErrorChars) + `)
-	  FROM outbox_event e
-	 WHERE ` + where + `
+	  FROM ` + fw + `
 	 ORDER BY e.id ` + order + `
 	 LIMIT @limit`, args, limit, nil
 }
@@ -382,11 +460,11 @@ type Total = db.Total
 // of millions of rows are never counted for a page header.
 func Count(ctx context.Context, q db.Querier, f Filter) (Total, error) {
 	args := pgx.NamedArgs{}
-	where, err := f.where(args)
+	fw, err := f.fromWhere(args, true) // held_dead from the dead letters: reads at most CountExactBelow held events
 	if err != nil {
 		return Total{}, err
 	}
-	total, err := db.CountTotal(ctx, q, `outbox_event e WHERE `+where, args)
+	total, err := db.CountTotal(ctx, q, fw, args)
 	if err != nil {
 		return Total{}, fmt.Errorf("outbox: %w", err)
 	}

@@ -119,12 +119,12 @@ func TestListPlansAreTheSameOnADeepPage(t *testing.T) {
 		{"created range", Filter{CreatedFrom: time.Now().Add(-20 * time.Hour), CreatedTo: time.Now().Add(-2 * time.Hour)}, false, "outbox_event_pkey", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			first, args, _, err := listSQL(c.f, Page{Oldest: c.oldest})
+			first, args, _, err := listSQL(c.f, Page{Oldest: c.oldest}, false)
 			if err != nil {
 				t.Fatal(err)
 			}
 			p1 := explain(t, pool, first, args)
-			deepSQL, deepArgs, _, err := listSQL(c.f, Page{Oldest: c.oldest, After: encodeCursor(c.f, c.oldest, deep)})
+			deepSQL, deepArgs, _, err := listSQL(c.f, Page{Oldest: c.oldest, After: encodeCursor(c.f, c.oldest, deep)}, false)
 			if err != nil {
 				t.Fatal(err)
 			}
