@@ -149,12 +149,7 @@ func collectList(t *testing.T, pool *pgxpool.Pool, f Filter, oldest, byDead bool
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ListRow, error) {
-			var l ListRow
-			err := r.Scan(&l.ID, &l.Topic, &l.EventType, &l.AggregateType, &l.AggregateID, &l.AggregateSeq,
-				&l.Attempts, &l.CreatedAt, &l.Status, &l.InFlight, &l.Held, &l.LastError)
-			return l, err
-		})
+		got, err := pgx.CollectRows(rows, scanListRow)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,15 +252,7 @@ func TestHeldDeadListReadsFewHeldEventsFromTheDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+sql, args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan := strings.Join(lines, "\n")
+	plan := explain(t, pool, "(ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+sql, args)
 	if strings.Contains(plan, "outbox_event_pending_idx") || strings.Contains(plan, "Seq Scan on outbox_event") ||
 		!strings.Contains(plan, "outbox_event_dead_aggregate_idx") {
 		t.Fatalf("the page walks the backlog rather than the dead letters:\n%s", plan)

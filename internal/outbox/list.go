@@ -305,12 +305,7 @@ func List(ctx context.Context, q db.Querier, f Filter, p Page) (ListPage, error)
 	if err != nil {
 		return ListPage{}, fmt.Errorf("outbox: list: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ListRow, error) {
-		var l ListRow
-		err := r.Scan(&l.ID, &l.Topic, &l.EventType, &l.AggregateType, &l.AggregateID, &l.AggregateSeq,
-			&l.Attempts, &l.CreatedAt, &l.Status, &l.InFlight, &l.Held, &l.LastError)
-		return l, err
-	})
+	out, err := pgx.CollectRows(rows, scanListRow)
 	if err != nil {
 		return ListPage{}, fmt.Errorf("outbox: list: %w", err)
 	}
@@ -320,6 +315,14 @@ func List(ctx context.Context, q db.Querier, f Filter, p Page) (ListPage, error)
 		page.Next = encodeCursor(f, p.Oldest, page.Rows[limit-1].ID)
 	}
 	return page, nil
+}
+
+// scanListRow reads a row of listSQL.
+func scanListRow(r pgx.CollectableRow) (ListRow, error) {
+	var l ListRow
+	err := r.Scan(&l.ID, &l.Topic, &l.EventType, &l.AggregateType, &l.AggregateID, &l.AggregateSeq,
+		&l.Attempts, &l.CreatedAt, &l.Status, &l.InFlight, &l.Held, &l.LastError)
+	return l, err
 }
 
 // listByDead says whether List reads f from the dead letters: a held_dead
