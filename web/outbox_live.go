@@ -28,6 +28,7 @@ import (
 // the newest dead letters, and (for pages about pending work) the backlog.
 type outboxMark struct {
 	dead, held, pending int64
+	heldPartial         bool   // held is a lower bound (outbox.Held.Partial)
 	recent              string // hash of the newest dead letters' ids
 	withPending         bool
 }
@@ -37,18 +38,36 @@ func markOf(s live.Snapshot, withPending bool) outboxMark {
 	for _, e := range s.RecentDead {
 		h.Write([]byte(e.ID))
 	}
-	m := outboxMark{dead: s.Dead, held: s.Held.Events, recent: hex.EncodeToString(h.Sum(nil)[:4]), withPending: withPending}
+	m := outboxMark{dead: s.Dead, held: s.Held.Events, heldPartial: s.Held.Partial, recent: hex.EncodeToString(h.Sum(nil)[:4]), withPending: withPending}
 	if withPending {
 		m.pending = s.Pending
 	}
 	return m
 }
 
-// String is the mark as the page's /ws URL carries it: d.h.recent[.p].
+// String is the mark as the page's /ws URL carries it: d.h[+].recent[.p],
+// with "+" when h is a lower bound.
 func (m outboxMark) String() string {
-	s := fmt.Sprintf("%d.%d.%s", m.dead, m.held, m.recent)
+	s := fmt.Sprintf("%d.%s.%s", m.dead, m.heldString(), m.recent)
 	if m.withPending {
 		s += "." + strconv.FormatInt(m.pending, 10)
+	}
+	return s
+}
+
+func (m outboxMark) heldString() string {
+	s := strconv.FormatInt(m.held, 10)
+	if m.heldPartial {
+		s += "+"
+	}
+	return s
+}
+
+// heldCount is the held count as the page shows it.
+func (m outboxMark) heldCount() string {
+	s := views.Count(m.held)
+	if m.heldPartial {
+		s += "+"
 	}
 	return s
 }
@@ -66,7 +85,9 @@ func parseMark(s string) (outboxMark, bool) {
 	if m.dead, err = strconv.ParseInt(parts[0], 10, 64); err != nil || m.dead < 0 {
 		return outboxMark{}, false
 	}
-	if m.held, err = strconv.ParseInt(parts[1], 10, 64); err != nil || m.held < 0 {
+	held, partial := strings.CutSuffix(parts[1], "+")
+	m.heldPartial = partial
+	if m.held, err = strconv.ParseInt(held, 10, 64); err != nil || m.held < 0 {
 		return outboxMark{}, false
 	}
 	if b, err := hex.DecodeString(parts[2]); err != nil || len(b) != 4 {
@@ -129,7 +150,9 @@ func (w *outboxWatch) check(s live.Snapshot) ([]byte, error) {
 		}
 	}
 	moved("dead letters", w.since.dead, cur.dead)
-	moved("held behind dead letters", w.since.held, cur.held)
+	if w.since.held != cur.held || w.since.heldPartial != cur.heldPartial {
+		n.Lines = append(n.Lines, fmt.Sprintf("held behind dead letters %s → %s", w.since.heldCount(), cur.heldCount()))
+	}
 	if w.since.withPending {
 		moved("pending", w.since.pending, cur.pending)
 	}
