@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/testkit"
+	"github.com/sluice-dev/sluice/views"
 )
 
 // blockingPublisher holds every publish until released, so the event a
@@ -118,14 +119,16 @@ func TestDashboardMetricsAndOutboxAgreeOnTheBacklog(t *testing.T) {
 }
 
 // Past its limits the held count is a lower bound, and every place that shows
-// it says so: 1,001 aggregates each hold one event behind a dead letter; one
-// read looks at the first 1,000 (outbox.HeldAggregatesCounted), so the tile
-// reads "1,000+" and /metrics gives 1000 with sluice_outbox_held_partial 1.
+// it says so: outbox.HeldAggregatesCounted+1 aggregates each hold one event
+// behind a dead letter; one read looks at the first HeldAggregatesCounted, so
+// the tile reads "250+" and /metrics gives 250 with
+// sluice_outbox_held_partial 1.
 func TestDashboardAndMetricsShowABoundedHeldCountAsALowerBound(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{tick: 50 * time.Millisecond})
 	ctx := context.Background()
 	n := outbox.HeldAggregatesCounted + 1
+	bound := views.Count(outbox.HeldAggregatesCounted)
 	if _, err := h.pool.Exec(ctx, `
 		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload,
 		                          status, dead_at, dead_reason)
@@ -146,13 +149,14 @@ func TestDashboardAndMetricsShowABoundedHeldCountAsALowerBound(t *testing.T) {
 		tile := d.Find(`[data-testid="held"]`)
 		got := strings.TrimSpace(tile.Text())
 		hint := strings.TrimSpace(tile.Parent().Find(".hint").Text())
-		return got == "1,000+" && strings.Contains(hint, "1,000+ aggregates") && strings.Contains(hint, "the list shows them all") &&
-				strings.TrimSpace(d.Find(`[data-testid="dead"]`).Text()) == "1,001",
+		return got == bound+"+" && strings.Contains(hint, bound+"+ aggregates") && strings.Contains(hint, "the list shows them all") &&
+				strings.TrimSpace(d.Find(`[data-testid="dead"]`).Text()) == views.Count(int64(n)),
 			fmt.Errorf("held tile %q (%q), dead tile %q", got, hint, d.Find(`[data-testid="dead"]`).Text())
 	})
 	testkit.Eventually(t, "/metrics to flag the held count as a lower bound", func() (bool, error) {
 		_, body := b.get(t, h.base+"/metrics", "")
-		ok := strings.Contains(body, "\nsluice_outbox_held 1000\n") && strings.Contains(body, "\nsluice_outbox_held_partial 1\n")
+		ok := strings.Contains(body, fmt.Sprintf("\nsluice_outbox_held %d\n", outbox.HeldAggregatesCounted)) &&
+			strings.Contains(body, "\nsluice_outbox_held_partial 1\n")
 		return ok, fmt.Errorf("metrics:\n%s", grepLines(body, "sluice_outbox_held"))
 	})
 }
