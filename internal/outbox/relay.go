@@ -408,6 +408,9 @@ func (r *Relay) nowArg() *time.Time {
 // and marking still run in parallel; only the claims take turns. Bench R1
 // (bench/README.md, change 7): the relays' database CPU per event fell by a
 // sixth to a quarter; their rate against the bare loop did not clearly move.
+// Letting a relay that has caught up claim without its turn was measured and
+// not kept: with slow commits, turns space the relays' claims evenly, and
+// without them R2's p99 rose (bench/README.md, "Claims without turns").
 const claimLock int64 = 0x511CEC1A1
 
 // claimStart takes up to BatchSize eligible events under a fresh lease
