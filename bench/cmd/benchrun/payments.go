@@ -260,7 +260,7 @@ func printPayments(pr *paymentsReport) {
 }
 
 // quiesce writes out what earlier phases left dirty before a measured phase
-// starts: a CHECKPOINT (shared buffers to the files, and their fsync), then
+// starts (P1's phases, D1's measurements): a CHECKPOINT (shared buffers to the files, and their fsync), then
 // sync(2) for what is left in the kernel's page cache. Without it, pgbench
 // -i's ~160 MB and the previous phase's writes reached the disk 30 s later
 // (the kernel's dirty_expire) in the middle of the next phase, and the WAL
@@ -268,9 +268,9 @@ func printPayments(pr *paymentsReport) {
 // that were the harness's, not the service's (seen with -payments-trace and
 // vmstat: 56-100 MB written back in one second, every request queued behind
 // a WALSync). Every phase, pgbench's included, starts this way.
-func quiesce(ctx context.Context, admin *pgx.Conn) error {
+func quiesce(ctx context.Context, admin querier) error {
 	if _, err := admin.Exec(ctx, `CHECKPOINT`); err != nil {
-		return fmt.Errorf("P1: checkpoint before a phase: %w", err)
+		return fmt.Errorf("checkpoint before a measured phase: %w", err)
 	}
 	syscall.Sync()
 	return nil
