@@ -52,16 +52,17 @@ func holdClaimLock(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, claimLock); err != nil {
+	if _, err := tx.Exec(ctx, claimTurnSQL); err != nil {
 		t.Fatal(err)
 	}
 	return tx
 }
 
-// advisoryWaiters counts the sessions of this database waiting for an
-// advisory lock, read through q (a pool, or a transaction: that keeps its
-// first look at the activity view unless told to take a fresh one).
-func advisoryWaiters(t *testing.T, q db.Querier) int {
+// turnWaiters counts the sessions of this database waiting for their claim
+// turn (the lock on outbox_claim_turn), read through q (a pool, or a
+// transaction: that keeps its first look at the activity view unless told
+// to take a fresh one).
+func turnWaiters(t *testing.T, q db.Querier) int {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := q.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
@@ -69,14 +70,15 @@ func advisoryWaiters(t *testing.T, q db.Querier) int {
 	}
 	var n int
 	if err := q.QueryRow(ctx, `
-		SELECT count(*) FROM pg_stat_activity
-		 WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n); err != nil {
+		SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		 WHERE a.datname = current_database() AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		   AND NOT l.granted AND l.relation = 'outbox_claim_turn'::regclass`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
 }
 
-// Claims take turns (claimLock). A claim that ran while another was still
+// Claims take turns (claimTurnSQL). A claim that ran while another was still
 // uncommitted would take its snapshot before the other's leases and lock
 // the rows the other had just leased, holding up the other relay's mark.
 // Here a session plays a relay half-way through its claim: it holds the
@@ -112,7 +114,7 @@ func TestClaimsTakeTurns(t *testing.T) {
 		got, _, err := r.claim(ctx, uuid.New())
 		done <- result{got, err}
 	}()
-	testkit.Until(t, "the relay's claim waits for the claim lock", func() bool { return advisoryWaiters(t, pool) == 1 })
+	testkit.Until(t, "the relay's claim waits for the claim lock", func() bool { return turnWaiters(t, pool) == 1 })
 	select {
 	case res := <-done:
 		t.Fatalf("the claim ran beside an uncommitted claim: %d events, %v", len(res.got), res.err)
@@ -169,7 +171,7 @@ func TestClaimGivenUpWhileWaitingLeavesNothing(t *testing.T) {
 		_, _, err := r.claim(cctx, uuid.New())
 		done <- err
 	}()
-	testkit.Until(t, "the claim waits for its turn", func() bool { return advisoryWaiters(t, blocker) == 1 })
+	testkit.Until(t, "the claim waits for its turn", func() bool { return turnWaiters(t, blocker) == 1 })
 	cancel()
 	select {
 	case err := <-done:
@@ -187,14 +189,113 @@ func TestClaimGivenUpWhileWaitingLeavesNothing(t *testing.T) {
 		t.Fatalf("the next claim took %d events (%v), want all 5", len(got), err)
 	}
 	var held, chargedOtherThanOnce int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&held); err != nil {
+	if err := pool.QueryRow(ctx, `
+		SELECT count(*) FROM pg_locks
+		 WHERE database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		   AND relation = 'outbox_claim_turn'::regclass`).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE attempts <> 1`).Scan(&chargedOtherThanOnce); err != nil {
 		t.Fatal(err)
 	}
 	if held != 0 || chargedOtherThanOnce != 0 {
-		t.Fatalf("after the claims: %d advisory locks held, %d events charged other than once; want 0 and 0", held, chargedOtherThanOnce)
+		t.Fatalf("after the claims: %d claim turn locks held, %d events charged other than once; want 0 and 0", held, chargedOtherThanOnce)
+	}
+}
+
+// A relay waiting for its turn holds no snapshot. The relay sends its next
+// claim while the previous one's COMMIT is still on its way, so a snapshot
+// taken for the wait (as the SELECT of the advisory lock this replaced took)
+// is older than the relay's own last claim: the row versions that claim
+// replaced (its leases are HOT updates) could not be pruned while it waited,
+// and the marks that followed found no room on the rows' pages and wrote
+// every new version in full on another page (bench/README.md, change 12).
+// LOCK TABLE takes no snapshot, and once the connection has looked the
+// table up, its name comes from the catalog cache without one. Here a
+// session holds the turn and a relay whose connection has taken it before
+// waits: its backend must show no xmin, and the row versions an update
+// replaces meanwhile must be removable: VACUUM leaves none.
+func TestClaimWaitsForItsTurnWithoutASnapshot(t *testing.T) {
+	t.Parallel()
+	cfg := dbtest.Config(t)
+	cfg.MaxConns = 2 // the blocker's and the relay's
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	watch, err := pgxpool.NewWithConfig(context.Background(), cfg.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(watch.Close)
+	ctx := context.Background()
+	ids := insertPending(t, watch, 10)
+	r, err := NewRelay(pool, unusedPublisher{t}, RelayConfig{Name: "w", BatchSize: 10, DisableListen: true}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both connections take the turn once, as a running relay's connections
+	// have: the table's name is then in their catalog caches.
+	var conns []*pgxpool.Conn
+	for range 2 {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, claimTurnSQL); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+
+	blocker := holdClaimLock(t, pool)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := r.claim(ctx, uuid.New())
+		done <- err
+	}()
+	lockWaiters := func() (waiting, withXmin int) {
+		if err := watch.QueryRow(ctx, `
+			SELECT count(*), count(backend_xmin) FROM pg_stat_activity
+			 WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting, &withXmin); err != nil {
+			t.Fatal(err)
+		}
+		return waiting, withXmin
+	}
+	testkit.Until(t, "the relay's claim waits for its turn", func() bool { w, _ := lockWaiters(); return w == 1 })
+	if waiting, withXmin := lockWaiters(); waiting != 1 || withXmin != 0 {
+		t.Fatalf("%d relays wait for their turn, %d of them with a snapshot's xmin; want 1 and 0", waiting, withXmin)
+	}
+	// Row versions replaced after the wait began: a waiter's xmin would keep them.
+	if _, err := watch.Exec(ctx, `UPDATE outbox_event SET attempts = attempts WHERE id = ANY($1)`, ids); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Exec(ctx, `VACUUM outbox_event`); err != nil {
+		t.Fatal(err)
+	}
+	var dead int64
+	if err := watch.QueryRow(ctx, `SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'outbox_event'`).Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	if err := blocker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if dead != 0 {
+		t.Fatalf("VACUUM left %d replaced row versions while a relay waited for its turn; want 0", dead)
 	}
 }
 

@@ -396,22 +396,35 @@ func (r *Relay) nowArg() *time.Time {
 	return &t
 }
 
-// claimLock is the transaction-level advisory lock that lets one claim run at
-// a time among the relays of a database. Two claims that overlap meet the
-// same rows, the lowest eligible ids: a claim whose snapshot was taken before
-// the other committed sees the rows the other has just leased as free,
-// locks their newest version (FOR UPDATE), finds the new lease on the
-// re-check and passes over them, but keeps those row locks until it commits,
-// so the relay that owns the rows waits for it to mark them published. Queued
-// behind the lock, the next claim takes its snapshot after the previous claim
-// committed and passes over the leased rows without locking them. Publishing
-// and marking still run in parallel; only the claims take turns. Bench R1
-// (bench/README.md, change 7): the relays' database CPU per event fell by a
-// sixth to a quarter; their rate against the bare loop did not clearly move.
-// Letting a relay that has caught up claim without its turn was measured and
-// not kept: with slow commits, turns space the relays' claims evenly, and
-// without them R2's p99 rose (bench/README.md, "Claims without turns").
-const claimLock int64 = 0x511CEC1A1
+// claimTurnSQL lets one claim run at a time among the relays of a database:
+// a lock on the empty table outbox_claim_turn (migration 00024), held until
+// the claim's transaction ends. Two claims that overlap meet the same rows,
+// the lowest eligible ids: a claim whose snapshot was taken before the other
+// committed sees the rows the other has just leased as free, locks their
+// newest version (FOR UPDATE), finds the new lease on the re-check and
+// passes over them, but keeps those row locks until it commits, so the relay
+// that owns the rows waits for it to mark them published. Queued behind the
+// lock, the next claim takes its snapshot after the previous claim
+// committed and passes over the leased rows without locking them.
+// Publishing and marking still run in parallel; only the claims take turns.
+// Bench R1 (bench/README.md, change 7): the relays' database CPU per event
+// fell by a sixth to a quarter.
+//
+// The wait holds no snapshot. The relay sends its next claim while the
+// previous one's COMMIT is still on its way (claimStart), so the next claim
+// waits for its turn from before its own last claim committed. Until 5
+// December (thirteenth session) the turn was an advisory lock taken by a
+// SELECT, whose snapshot's xmin held for the whole wait: the row versions
+// the relay's own last claim had replaced (the leases are HOT updates)
+// could not be pruned, so its marks found no room on the rows' pages and
+// wrote each new version, 1 KB in full, on another page. LOCK TABLE takes
+// no snapshot, and once a connection has looked the table up its name comes
+// from the catalog cache without one. Bench R1 (bench/README.md, change 12):
+// about 1 KB less WAL per event, all of it the marks'. Letting a relay that
+// has caught up claim without its turn was measured and not kept: with slow
+// commits, turns space the relays' claims evenly, and without them R2's p99
+// rose (bench/README.md, "Claims without turns").
+const claimTurnSQL = `LOCK TABLE outbox_claim_turn IN EXCLUSIVE MODE`
 
 // claimStart takes up to BatchSize eligible events under a fresh lease
 // token, none of a paused topic (read once per claim, just before it),
@@ -465,7 +478,7 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 	// for 15 s. A custom plan sees the table's current size; it costs a
 	// plan per claim, as the claim's own statement pays (claimSQL).
 	b.Queue(`SET LOCAL plan_cache_mode = force_custom_plan`)
-	b.Queue(`SELECT pg_advisory_xact_lock($1)`, claimLock)
+	b.Queue(claimTurnSQL)
 	b.Queue(claimFloorSQL, pgtype.UUID{Bytes: from, Valid: true}, r.nowArg(), !r.cfg.DisableOrdering)
 	br := r.pool.SendBatch(ctx, b)
 	tx := br.Tx()
