@@ -299,6 +299,25 @@ func TestClaimWaitsForItsTurnWithoutASnapshot(t *testing.T) {
 	}
 }
 
+// The services connect as the application role (`console db grant`), which
+// owns nothing: taking the claim turn must not need more than the grant
+// gives it (LOCK TABLE in EXCLUSIVE mode needs UPDATE, DELETE or TRUNCATE
+// on outbox_claim_turn).
+func TestClaimTurnAsTheApplicationRole(t *testing.T) {
+	t.Parallel()
+	owner := dbtest.New(t)
+	app := dbtest.AppRole(t, owner)
+	insertPending(t, owner, 3)
+	r, err := NewRelay(app, unusedPublisher{t}, RelayConfig{Name: "app", BatchSize: 10, DisableListen: true}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := r.claim(context.Background(), uuid.New())
+	if err != nil || len(got) != 3 {
+		t.Fatalf("the application role's claim took %d events (%v), want 3", len(got), err)
+	}
+}
+
 // claim is claimStart waiting for the claim's COMMIT: the events once their
 // lease is durable, as these tests read the table right after.
 func (r *Relay) claim(ctx context.Context, token uuid.UUID) ([]claimed, int, error) {
