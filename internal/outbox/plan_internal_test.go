@@ -13,6 +13,18 @@ import (
 	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
 )
 
+// relaySettings puts tx under the settings the relay's claim runs with: those
+// of its transaction (claimPlanSQL), then its own plan_cache_mode
+// (claimCustomSQL).
+func relaySettings(t *testing.T, tx pgx.Tx) {
+	t.Helper()
+	for _, sql := range []string{claimPlanSQL, claimCustomSQL} {
+		if _, err := tx.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // The claim must read the partial index of pending rows in its own order, so
 // a batch costs about the rows it takes, however much history the table has.
 func TestClaimPlanUsesThePendingIndex(t *testing.T) {
@@ -51,6 +63,8 @@ func TestClaimPlanUsesThePendingIndex(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Under the settings the relay claims with (claimPlanSQL, claimCustomSQL).
+		relaySettings(t, tx)
 		var rows pgx.Rows
 		if v.generic {
 			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
@@ -114,19 +128,24 @@ func TestClaimFloorPlanProbesTheTopicIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var plan []string
-	rows, err := pool.Query(ctx, "EXPLAIN "+claimFloorSQL, uuid.Nil, nil, true)
+	// The relay runs it on its generic plan (claimPlanSQL).
+	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan = append(plan, line)
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, claimPlanSQL); err != nil {
+		t.Fatal(err)
 	}
-	if err := rows.Err(); err != nil {
+	if _, err := tx.Exec(ctx, "PREPARE floor_generic (uuid, timestamptz, bool) AS "+claimFloorSQL); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, `EXPLAIN EXECUTE floor_generic ('00000000-0000-0000-0000-000000000000', NULL, true)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
 		t.Fatal(err)
 	}
 	text := strings.Join(plan, "\n")
@@ -230,6 +249,7 @@ func TestClaimPlanProbesByAggregateOnStaleStatistics(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		relaySettings(t, tx)
 		var rows pgx.Rows
 		if generic {
 			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {

@@ -426,6 +426,44 @@ func (r *Relay) nowArg() *time.Time {
 // rose (bench/README.md, "Claims without turns").
 const claimTurnSQL = `LOCK TABLE outbox_claim_turn IN EXCLUSIVE MODE`
 
+// claimPlanSQL is sent first in every claim's transaction: the floor read
+// after it (claimFloorSQL) runs on its prepared statement's generic plan,
+// made once per connection (the pool's statement cache) instead of planned
+// on every claim. Planning it was the relay's largest cost per claim at low
+// rates: 1.2 ms each under load, against 0.2 ms to run it (pg_stat_statements,
+// bench R2 at 1,000 events/s on a slow machine: 1.1 s of planning in a 6 s
+// run; bench/README.md, change 13).
+//
+// A generic plan is not remade as the table grows, and one made while the
+// table looked empty (a new deployment, after a TRUNCATE) would sort the
+// pending rows for the paused topics' walk, or scan the table, for as long
+// as nothing invalidates it (ANALYZE; autovacuum may be off). So the plan is
+// made with sequential scans and sorts disabled: the only plans left walk
+// the pending rows' partial indexes in their order (outbox_event_pending_idx,
+// outbox_event_pending_topic_idx) and probe outbox_event_pending_aggregate_idx
+// by aggregate, whatever the statistics say
+// (TestClaimFloorGenericPlanMadeOnAnEmptyTable).
+// A disabled sort the plan cannot avoid (the few paused topics' rows) adds
+// its penalty to the plan's cost, which would start JIT compilation on every
+// run: JIT and parallel workers are off.
+//
+// The settings last until the transaction ends; claimCustomSQL sets the
+// claim's own after the floor read.
+const claimPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+	set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true),
+	set_config('max_parallel_workers_per_gather', '0', true), set_config('jit', 'off', true)`
+
+// claimCustomSQL follows the floor read: the claim is planned afresh on
+// every call, with the arguments it runs with (claimFrom says why), which a
+// forced generic plan would prevent even for an unnamed statement, and with
+// sequential scans and sorts allowed, as PostgreSQL's defaults have them:
+// turning sorts off for the claim was measured worse in bench R2
+// (bench/README.md, "R2: the relay's latency stalled on a claim plan made
+// for an empty table"). JIT and parallel workers stay off: a claim of a
+// batch gains nothing from either.
+const claimCustomSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true),
+	set_config('enable_seqscan', 'on', true), set_config('enable_sort', 'on', true)`
+
 // claimStart takes up to BatchSize eligible events under a fresh lease
 // token, none of a paused topic (read once per claim, just before it),
 // walking the pending events from the relay's cursor (claimCursor). It is
@@ -470,21 +508,15 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 	)
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	// The floor read is a prepared statement (the pool's statement cache),
-	// and a generic plan made while the table looked empty (after a
-	// TRUNCATE and VACUUM, a new deployment) scans the table and, for each
-	// pending row, its ordering probe scans the table again: 936 ms at
-	// 3,000 pending rows, and the whole quick bench run's R2 stalled on it
-	// for 15 s. A custom plan sees the table's current size; it costs a
-	// plan per claim, as the claim's own statement pays (claimSQL).
-	b.Queue(`SET LOCAL plan_cache_mode = force_custom_plan`)
+	b.Queue(claimPlanSQL)
 	b.Queue(claimTurnSQL)
 	b.Queue(claimFloorSQL, pgtype.UUID{Bytes: from, Valid: true}, r.nowArg(), !r.cfg.DisableOrdering)
+	b.Queue(claimCustomSQL)
 	br := r.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	_, err := br.Exec() // BEGIN
 	if err == nil {
-		_, err = br.Exec() // SET LOCAL
+		_, err = br.Exec() // claimPlanSQL
 	}
 	if err == nil {
 		_, err = br.Exec()
@@ -493,6 +525,9 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 	if err == nil {
 		err = br.QueryRow().Scan(&paused, &floor, &first)
 		walk = time.Since(locked)
+	}
+	if err == nil {
+		_, err = br.Exec() // claimCustomSQL
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
