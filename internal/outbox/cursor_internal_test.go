@@ -389,6 +389,44 @@ func TestClaimCursorDoesNotPassAnEventAvailableInAMoment(t *testing.T) {
 	}
 }
 
+// emptiedAfterABacklog leaves outbox_event as a reset deployment's is:
+// analyzed with a backlog, then emptied by a TRUNCATE, so its statistics say
+// it is empty and keep its columns' (ANALYZE of an empty table leaves them).
+// Autovacuum stays off, as it may be on a large table between its visits.
+func emptiedAfterABacklog(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `ALTER TABLE outbox_event SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	insertAt(t, pool, 1, 3000)
+	for _, sql := range []string{`ANALYZE outbox_event`, `TRUNCATE outbox_event`, `VACUUM ANALYZE outbox_event`} {
+		if _, err := pool.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// relayPlannedOnEmpty opens a pool of cfg (one connection: the relay's
+// statements and the test's checks on one session) and a relay on it that
+// has claimed from the empty table 8 times: past the five custom plans after
+// which PostgreSQL may choose a prepared statement's plan itself.
+func relayPlannedOnEmpty(t *testing.T, cfg *pgxpool.Config) (*pgxpool.Pool, *Relay) {
+	t.Helper()
+	cfg.MaxConns = 1
+	one, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(one.Close)
+	r := cursorRelay(t, one)
+	for range 8 {
+		if got := claimAll(t, r); len(got) != 0 {
+			t.Fatalf("claimed %d from an empty table", len(got))
+		}
+	}
+	return one, r
+}
+
 // The claim's floor read runs on its prepared statement's generic plan, made
 // once per connection (claimPlanSQL). A generic plan made while the table
 // looked empty (a TRUNCATE and VACUUM, a new deployment) once scanned the
@@ -402,35 +440,8 @@ func TestClaimFloorGenericPlanMadeOnAnEmptyTable(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `ALTER TABLE outbox_event SET (autovacuum_enabled = false)`); err != nil {
-		t.Fatal(err)
-	}
-	// Analyzed with a backlog, then emptied by a TRUNCATE, as a reset
-	// deployment's table is: its statistics then say it is empty, and keep
-	// its columns' (ANALYZE of an empty table leaves them).
-	insertAt(t, pool, 1, 3000)
-	if _, err := pool.Exec(ctx, `ANALYZE outbox_event`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `TRUNCATE outbox_event`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox_event`); err != nil {
-		t.Fatal(err)
-	}
-	cfg := pool.Config()
-	cfg.MaxConns = 1 // the relay's statements and the checks below on one session
-	one, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer one.Close()
-	r := cursorRelay(t, one)
-	for range 8 {
-		if got := claimAll(t, r); len(got) != 0 {
-			t.Fatalf("claimed %d from an empty table", len(got))
-		}
-	}
+	emptiedAfterABacklog(t, pool)
+	one, r := relayPlannedOnEmpty(t, pool.Config())
 	const floorStatement = `FROM pg_prepared_statements WHERE statement LIKE '%WITH RECURSIVE p AS%' AND statement NOT LIKE '%pg_prepared_statements%'`
 	var (
 		name            string
@@ -467,15 +478,7 @@ func TestClaimFloorGenericPlanMadeOnAnEmptyTable(t *testing.T) {
 	if _, err := tx.Exec(ctx, claimPlanSQL); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) EXECUTE "+pgx.Identifier{name}.Sanitize()+"('00000000-0000-0000-0000-000000000000', NULL, true)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan := strings.Join(lines, "\n")
+	plan := planText(t, tx, "EXPLAIN (ANALYZE, BUFFERS) EXECUTE "+pgx.Identifier{name}.Sanitize()+"('00000000-0000-0000-0000-000000000000', NULL, true)")
 	t.Logf("the floor read's generic plan, made on the empty table, run on 3,000 rows:\n%s", plan)
 	if err := tx.QueryRow(ctx, `SELECT generic_plans, custom_plans `+floorStatement).Scan(&generic, &custom); err != nil {
 		t.Fatal(err)
@@ -511,24 +514,12 @@ func TestClaimFloorGenericPlanMadeOnAnEmptyTable(t *testing.T) {
 func TestClaimPlansAsTheRelayRunsThem(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
-	ctx := context.Background()
-	for _, sql := range []string{`ALTER TABLE outbox_event SET (autovacuum_enabled = false)`, `ANALYZE outbox_event`} {
-		if _, err := pool.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	insertAt(t, pool, 1, 3000)
-	for _, sql := range []string{`ANALYZE outbox_event`, `TRUNCATE outbox_event`, `VACUUM ANALYZE outbox_event`} {
-		if _, err := pool.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
+	emptiedAfterABacklog(t, pool)
 	var (
 		mu    sync.Mutex
 		plans []string
 	)
 	cfg := pool.Config()
-	cfg.MaxConns = 1
 	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
 		if strings.Contains(n.Message, "plan:") {
 			mu.Lock()
@@ -547,17 +538,7 @@ func TestClaimPlansAsTheRelayRunsThem(t *testing.T) {
 		_, err := c.Exec(ctx, `LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; SET auto_explain.log_level = notice`)
 		return err
 	}
-	one, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer one.Close()
-	r := cursorRelay(t, one)
-	for range 8 {
-		if got := claimAll(t, r); len(got) != 0 {
-			t.Fatalf("claimed %d from an empty table", len(got))
-		}
-	}
+	one, r := relayPlannedOnEmpty(t, cfg)
 	insertAt(t, one, 1, 3000)
 	mu.Lock()
 	plans = nil

@@ -59,7 +59,16 @@ var indexUse = regexp.MustCompile(`(?:Index Scan|Index Only Scan|Index Scan Back
 
 func explain(t *testing.T, pool *pgxpool.Pool, sql string, args pgx.NamedArgs) string {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), "EXPLAIN "+sql, args)
+	return planText(t, pool, "EXPLAIN "+sql, args)
+}
+
+// planText runs an EXPLAIN statement on q (a pool or a transaction) and
+// returns its lines.
+func planText(t *testing.T, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, explainSQL string, args ...any) string {
+	t.Helper()
+	rows, err := q.Query(context.Background(), explainSQL, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

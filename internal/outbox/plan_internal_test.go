@@ -140,15 +140,7 @@ func TestClaimFloorPlanProbesTheTopicIndex(t *testing.T) {
 	if _, err := tx.Exec(ctx, "PREPARE floor_generic (uuid, timestamptz, bool) AS "+claimFloorSQL); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := tx.Query(ctx, `EXPLAIN EXECUTE floor_generic ('00000000-0000-0000-0000-000000000000', NULL, true)`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.Join(plan, "\n")
+	text := planText(t, tx, `EXPLAIN EXECUTE floor_generic ('00000000-0000-0000-0000-000000000000', NULL, true)`)
 	t.Logf("claim floor plan:\n%s", text)
 	if !strings.Contains(text, "outbox_event_pending_topic_idx") || strings.Contains(text, "Seq Scan on outbox_event ") ||
 		strings.Count(text, "outbox_event_pending_idx") != 1 || !strings.Contains(text, "One-Time Filter") ||
