@@ -14,8 +14,8 @@ import (
 )
 
 // relaySettings puts tx under the settings the relay's claim runs with: those
-// of its transaction (claimPlanSQL), then its own plan_cache_mode
-// (claimCustomSQL).
+// of its transaction (claimPlanSQL), then the claim's own plan_cache_mode,
+// sequential scans and sorts (claimCustomSQL).
 func relaySettings(t *testing.T, tx pgx.Tx) {
 	t.Helper()
 	for _, sql := range []string{claimPlanSQL, claimCustomSQL} {
