@@ -199,19 +199,25 @@ func traceAcross(t *testing.T, url string, opts broker.Options, traced bool, sha
 		return
 	}
 
+	// The consumer's span ends once its transaction has committed, a moment
+	// after the effect's row is visible: wait for it to be recorded.
 	var publish, handle *tracetest.SpanStub
-	spans := exp.GetSpans()
-	for i := range spans {
-		switch spans[i].Name {
-		case "publish orders":
-			publish = &spans[i]
-		case "handle orders":
-			handle = &spans[i]
+	testkit.Eventually(t, "a publish and a handle span", func() (bool, error) {
+		publish, handle = nil, nil
+		spans := exp.GetSpans()
+		for i := range spans {
+			switch spans[i].Name {
+			case "publish orders":
+				publish = &spans[i]
+			case "handle orders":
+				handle = &spans[i]
+			}
 		}
-	}
-	if publish == nil || handle == nil {
-		t.Fatalf("spans %v: want a publish and a handle span", spanNames(spans))
-	}
+		if publish == nil || handle == nil {
+			return false, fmt.Errorf("spans %v", spanNames(spans))
+		}
+		return true, nil
+	})
 	if id := publish.SpanContext.TraceID().String(); id != callerTraceID {
 		t.Errorf("publish span in trace %s, want the caller's %s", id, callerTraceID)
 	}
