@@ -427,26 +427,35 @@ func relayPlannedOnEmpty(t *testing.T, cfg *pgxpool.Config) (*pgxpool.Pool, *Rel
 	return one, r
 }
 
-// The claim's floor read runs on its prepared statement's generic plan, made
-// once per connection (claimPlanSQL). A generic plan made while the table
-// looked empty (a TRUNCATE and VACUUM, a new deployment) once scanned the
-// table and probed each pending row's aggregate by scanning it again: 936 ms
-// at 3,000 pending rows, and bench R2 stalled for 15 s behind it. Made under
-// the claim's settings, the plan walks the pending rows' indexes whatever the
-// statistics said: after the table filled up, with a topic paused and its
-// backlog first in id order and no ANALYZE since, the walk reads a few dozen
-// buffers, not the table once per row, and starts no JIT compilation.
-func TestClaimFloorGenericPlanMadeOnAnEmptyTable(t *testing.T) {
+// The claim's floor read and the claim run on their prepared statements'
+// generic plans, made once per connection (claimPlanSQL). A generic plan made
+// while the table looked empty (a TRUNCATE and VACUUM, a new deployment) once
+// scanned the table and probed each pending row's aggregate by scanning it
+// again: 936 ms at 3,000 pending rows, and bench R2 stalled for 15 s behind
+// it; the claim's update, joined to the claimed rows, walked the whole
+// primary key. Made under the relay's settings, the plans walk the pending
+// rows' indexes whatever the statistics said: after the table filled up,
+// with a topic paused and its backlog first in id order and no ANALYZE
+// since, the floor read reads a few dozen buffers and the claim about the
+// rows it takes, not the table once per row, and neither starts a JIT
+// compilation.
+func TestClaimGenericPlansMadeOnAnEmptyTable(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := context.Background()
 	emptiedAfterABacklog(t, pool)
 	one, r := relayPlannedOnEmpty(t, pool.Config())
-	const floorStatement = `FROM pg_prepared_statements WHERE statement LIKE '%WITH RECURSIVE p AS%' AND statement NOT LIKE '%pg_prepared_statements%'`
+	const (
+		floorStatement = `FROM pg_prepared_statements WHERE statement LIKE '%WITH RECURSIVE p AS%' AND statement NOT LIKE '%pg_prepared_statements%'`
+		claimStatement = `FROM pg_prepared_statements WHERE statement LIKE '%UPDATE outbox_event e%' AND statement NOT LIKE '%pg_prepared_statements%'`
+	)
 	var (
-		name            string
+		name, claimName string
 		generic, custom int64
 	)
+	// The floor read has run on the empty table; the claim, which runs only
+	// when the floor read found something, is prepared below, once the table
+	// has filled up, on the statistics of the empty one.
 	if err := one.QueryRow(ctx, `SELECT name, generic_plans, custom_plans `+floorStatement).Scan(&name, &generic, &custom); err != nil {
 		t.Fatalf("the floor read's prepared statement on the relay's connection: %v", err)
 	}
@@ -469,6 +478,12 @@ func TestClaimFloorGenericPlanMadeOnAnEmptyTable(t *testing.T) {
 	}
 	if got := claimAll(t, r); len(got) != 500 || got[0].ID != v7(2001) {
 		t.Fatalf("claimed %d after the table filled up, want the running topic's first 500", len(got))
+	}
+	if err := one.QueryRow(ctx, `SELECT name, generic_plans, custom_plans `+claimStatement).Scan(&claimName, &generic, &custom); err != nil {
+		t.Fatalf("the claim's prepared statement on the relay's connection: %v", err)
+	}
+	if generic != 1 || custom != 0 {
+		t.Fatalf("the claim ran %d generic and %d custom plans on the relay's connection, want one generic one", generic, custom)
 	}
 	tx, err := one.Begin(ctx)
 	if err != nil {
@@ -503,14 +518,55 @@ func TestClaimFloorGenericPlanMadeOnAnEmptyTable(t *testing.T) {
 	if n := hit + read; n > 100 {
 		t.Fatalf("the floor read's walk read %d buffers on 3,000 rows, want a few dozen:\n%s", n, plan)
 	}
+
+	// The claim's cached plan, run from the floor (the running topic's
+	// first id), the paused topic passed over: 500 rows taken by walking an
+	// index in id order from the floor, each probed once by aggregate and
+	// updated through a primary key probe. Statistics that say nearly every
+	// row is pending (these: the last ANALYZE saw only pending rows) make the
+	// primary key and the pending index cost the same, and the walk may
+	// take either (claimSQL says why both are bounded).
+	claim := planText(t, tx, "EXPLAIN (ANALYZE, BUFFERS) EXECUTE "+pgx.Identifier{claimName}.Sanitize()+
+		"(NULL, 500, 30000000, '00000000-0000-0000-0000-000000000001', '"+v7(2001).String()+"', '{paused}')")
+	t.Logf("the claim's generic plan, made on the empty table, run on 3,000 rows:\n%s", claim)
+	if err := tx.QueryRow(ctx, `SELECT custom_plans `+claimStatement).Scan(&custom); err != nil {
+		t.Fatal(err)
+	}
+	if custom != 0 {
+		t.Fatalf("the claim ran %d custom plans", custom)
+	}
+	if !claimWalkRE.MatchString(claim) {
+		t.Fatalf("the claim's generic plan does not walk an index of ids from the floor:\n%s", claim)
+	}
+	for _, want := range []string{"outbox_event_pending_aggregate_idx", "Index Scan using outbox_event_pkey on outbox_event e", "Index Cond: (id = ANY (", "rows=500 loops=1"} {
+		if !strings.Contains(claim, want) {
+			t.Fatalf("the claim's generic plan does not show %q:\n%s", want, claim)
+		}
+	}
+	if strings.Contains(claim, "Seq Scan") || strings.Contains(claim, "Sort") || strings.Contains(claim, "Join") || strings.Contains(claim, "JIT:") {
+		t.Fatalf("the claim's generic plan scans, sorts or joins the table's rows, or compiles itself:\n%s", claim)
+	}
+	m = buffersRE.FindStringSubmatch(claim)
+	if m == nil {
+		t.Fatalf("no buffers in the claim's plan:\n%s", claim)
+	}
+	hit, _ = strconv.Atoi(m[1])
+	read, _ = strconv.Atoi(m[2])
+	if n := hit + read; n > 5000 {
+		t.Fatalf("the claim read %d buffers to take 500 of 3,000 rows, want about ten per row taken:\n%s", n, claim)
+	}
 }
 
+// claimWalkRE is the claim's walk in a generic plan: an index of ids in
+// their order from the floor ($5), the pending rows' own or, on statistics
+// that make the two cost the same, the primary key (claimSQL).
+var claimWalkRE = regexp.MustCompile(`Index Scan using outbox_event_(pending_idx|pkey) on outbox_event c[^\n]*\n(\s+Buffers[^\n]*\n)?\s+Index Cond: \(id >= \$5\)`)
+
 // What the relay's connection plans, seen by auto_explain as it runs: on a
-// table emptied after an ANALYZE and filled since, the floor read runs on its
-// generic plan (its parameters stay $n) and the claim on a plan made with its
-// arguments (none left as $n), each walking the pending index from the
-// cursor. Without claimCustomSQL the claim would run on a generic plan made
-// from statistics that say the table is empty.
+// table emptied after an ANALYZE and filled since, the floor read and the
+// claim run on their generic plans (their parameters stay $n), each walking
+// the pending index from the cursor, and the claim updates its rows by
+// primary key probes, never by a join.
 func TestClaimPlansAsTheRelayRunsThem(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
@@ -570,7 +626,7 @@ func TestClaimPlansAsTheRelayRunsThem(t *testing.T) {
 	if f := planOnly(floor); !strings.Contains(f, "Index Cond: (id >= $1)") || !strings.Contains(f, "outbox_event_pending_idx") {
 		t.Fatalf("the floor read did not run on its generic plan walking outbox_event_pending_idx:\n%s", f)
 	}
-	if c := planOnly(claim); strings.Contains(c, "(id >= $5)") || !strings.Contains(c, "Index Scan using outbox_event_pending_idx") {
-		t.Fatalf("the claim did not run on a plan made with its arguments walking outbox_event_pending_idx:\n%s", c)
+	if c := planOnly(claim); !claimWalkRE.MatchString(c) || !strings.Contains(c, "Index Scan using outbox_event_pkey on outbox_event e") || strings.Contains(c, "Join") {
+		t.Fatalf("the claim did not run on its generic plan walking the ids from the floor and updating by primary key probes:\n%s", c)
 	}
 }

@@ -13,16 +13,37 @@ import (
 	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
 )
 
-// relaySettings puts tx under the settings the relay's claim runs with: those
-// of its transaction (claimPlanSQL), then the claim's own plan_cache_mode,
-// sequential scans and sorts (claimCustomSQL).
+// relaySettings puts tx under the settings the relay's floor read and claim
+// run with (claimPlanSQL): generic plans, no sequential scans or sorts.
 func relaySettings(t *testing.T, tx pgx.Tx) {
 	t.Helper()
-	for _, sql := range []string{claimPlanSQL, claimCustomSQL} {
-		if _, err := tx.Exec(context.Background(), sql); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := tx.Exec(context.Background(), claimPlanSQL); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// claimPlan is the generic plan of claimSQL(ordered) under the relay's
+// settings, as the relay runs it (a prepared statement), for a walk from
+// from with paused topics paused (EXPLAIN, or EXPLAIN analyze: the claim
+// runs, and tx must be rolled back).
+func claimPlan(t *testing.T, tx pgx.Tx, ordered bool, analyze bool, from string, paused string) string {
+	t.Helper()
+	relaySettings(t, tx)
+	if _, err := tx.Exec(context.Background(), "PREPARE claim_generic (timestamptz, bigint, bigint, uuid, uuid, text[]) AS "+claimSQL(ordered)); err != nil {
+		t.Fatal(err)
+	}
+	explain := "EXPLAIN"
+	if analyze {
+		explain = "EXPLAIN (ANALYZE, BUFFERS)"
+	}
+	plan := planText(t, tx, fmt.Sprintf(`%s EXECUTE claim_generic (NULL, %d, 30000000, '00000000-0000-0000-0000-000000000001', '%s', '%s')`,
+		explain, DefaultBatchSize, from, paused))
+	// A prepared statement outlives the transaction: the next check on
+	// this connection prepares its own.
+	if _, err := tx.Exec(context.Background(), "DEALLOCATE claim_generic"); err != nil {
+		t.Fatal(err)
+	}
+	return plan
 }
 
 // The claim must read the partial index of pending rows in its own order, so
@@ -50,54 +71,32 @@ func TestClaimPlanUsesThePendingIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	type variant struct {
-		ordered, generic bool
-		from             string // where the walk starts ($5)
+		ordered bool
+		from    string // where the walk starts ($5)
 	}
-	// pgx prepares statements, and after a few runs PostgreSQL may switch a
-	// prepared statement to its generic plan: check that one too. The walk
-	// starts at the zero id, or at a relay's cursor: the first pending id.
+	// The relay runs the claim on its prepared statement's generic plan
+	// (claimPlanSQL). The walk starts at the zero id, or at a relay's
+	// cursor: the first pending id.
 	const zero, cursor = "00000000-0000-0000-0000-000000000000", "00000000-0000-7000-8000-00000000c351"
-	for _, v := range []variant{{true, false, zero}, {false, false, zero}, {true, true, zero}, {true, false, cursor}, {false, false, cursor}} {
+	for _, v := range []variant{{true, zero}, {false, zero}, {true, cursor}, {false, cursor}} {
 		ordered := v.ordered
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Under the settings the relay claims with (claimPlanSQL, claimCustomSQL).
-		relaySettings(t, tx)
-		var rows pgx.Rows
-		if v.generic {
-			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+		text := func() string {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := tx.Exec(ctx, "PREPARE claim_generic (timestamptz, bigint, bigint, uuid, uuid, text[]) AS "+claimSQL(ordered)); err != nil {
-				t.Fatal(err)
-			}
-			rows, err = tx.Query(ctx, fmt.Sprintf(`EXPLAIN EXECUTE claim_generic (NULL, %d, 30000000, '00000000-0000-0000-0000-000000000001',
-				'00000000-0000-0000-0000-000000000000', '{paused}')`, DefaultBatchSize))
-		} else {
-			rows, err = tx.Query(ctx, "EXPLAIN "+claimSQL(ordered), nil, DefaultBatchSize, int64(30_000_000), "00000000-0000-0000-0000-000000000001",
-				v.from, []string{})
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan []string
-		for rows.Next() {
-			var line string
-			if err := rows.Scan(&line); err != nil {
-				t.Fatal(err)
-			}
-			plan = append(plan, line)
-		}
-		_ = tx.Rollback(ctx)
-		text := strings.Join(plan, "\n")
-		t.Logf("claim plan (ordered=%v, generic=%v, from %s):\n%s", ordered, v.generic, v.from, text)
-		if !strings.Contains(text, "Index Scan using outbox_event_pending_idx") {
+			defer func() { _ = tx.Rollback(ctx) }()
+			return claimPlan(t, tx, ordered, false, v.from, "{}")
+		}()
+		t.Logf("claim plan (ordered=%v, from %s):\n%s", ordered, v.from, text)
+		if !strings.Contains(text, "Index Scan using outbox_event_pending_idx") || !strings.Contains(text, "Index Cond: (id >= $5)") {
 			t.Fatalf("ordered=%v: the claim does not walk outbox_event_pending_idx:\n%s", ordered, text)
 		}
-		if strings.Contains(text, "Sort") || strings.Contains(text, "Seq Scan") {
-			t.Fatalf("ordered=%v: the claim sorts or scans the table:\n%s", ordered, text)
+		if strings.Contains(text, "Sort") || strings.Contains(text, "Seq Scan") || strings.Contains(text, "Join") {
+			t.Fatalf("ordered=%v: the claim sorts or scans the table, or joins its rows back:\n%s", ordered, text)
+		}
+		if !strings.Contains(text, "Index Scan using outbox_event_pkey on outbox_event e") || !strings.Contains(text, "Index Cond: (id = ANY (") {
+			t.Fatalf("ordered=%v: the claim does not update its rows by primary key probes:\n%s", ordered, text)
 		}
 		if ordered && !strings.Contains(text, "outbox_event_pending_aggregate_idx") {
 			t.Fatalf("the ordering check does not probe outbox_event_pending_aggregate_idx:\n%s", text)
@@ -236,37 +235,14 @@ func TestClaimPlanProbesByAggregateOnStaleStatistics(t *testing.T) {
 		t.Fatal(err)
 	}
 	insert(20001, 25000, "pending") // not analyzed
-	for _, generic := range []bool{false, true} {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		relaySettings(t, tx)
-		var rows pgx.Rows
-		if generic {
-			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.Exec(ctx, "PREPARE claim_stale (timestamptz, bigint, bigint, uuid, uuid, text[]) AS "+claimSQL(true)); err != nil {
-				t.Fatal(err)
-			}
-			rows, err = tx.Query(ctx, fmt.Sprintf(`EXPLAIN EXECUTE claim_stale (NULL, %d, 30000000, '00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000000', '{}')`, DefaultBatchSize))
-		} else {
-			rows, err = tx.Query(ctx, "EXPLAIN "+claimSQL(true), nil, DefaultBatchSize, int64(30_000_000), "00000000-0000-0000-0000-000000000001", uuid.Nil, []string{})
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		_ = tx.Rollback(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		plan := strings.Join(lines, "\n")
-		if !strings.Contains(plan, "Index Cond: ((aggregate_type = c.aggregate_type) AND (aggregate_id = c.aggregate_id)") || strings.Contains(plan, "Join Filter") {
-			t.Fatalf("generic=%v: the ordering check does not probe by aggregate on stale statistics:\n%s", generic, plan)
-		}
-
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	plan := claimPlan(t, tx, true, false, "00000000-0000-0000-0000-000000000000", "{}")
+	if !strings.Contains(plan, "Index Cond: ((aggregate_type = c.aggregate_type) AND (aggregate_id = c.aggregate_id)") || strings.Contains(plan, "Join Filter") {
+		t.Fatalf("the ordering check does not probe by aggregate on stale statistics:\n%s", plan)
 	}
 }
 

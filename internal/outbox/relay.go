@@ -289,7 +289,8 @@ func (r *Relay) Stats() RelayStats {
 // FOR UPDATE SKIP LOCKED lets concurrent relays take disjoint batches. Under
 // READ COMMITTED a row another relay claimed after our snapshot is re-checked
 // against its newest version once locked, and dropped: its lease is live.
-// prev_lock is the lease being replaced: non-null means an expired lease.
+// prev_lock is the lease being replaced: non-null means an expired lease;
+// every returned row carries the batch's count of those.
 //
 // With ordering, an event is eligible only when no earlier event of its
 // aggregate is unfinished, pending or dead (outbox_event_pending_aggregate_idx
@@ -303,6 +304,21 @@ func (r *Relay) Stats() RelayStats {
 // paused and that is higher, the lowest pending id of a topic that is not
 // paused; $6 are the paused topics, whose events after it the walk passes
 // over.
+//
+// The claim runs on its prepared statement's generic plan, made once per
+// connection under the settings claimPlanSQL gives the claim's transaction,
+// so it must have one plan that is right whatever the statistics say
+// (TestClaimGenericPlansMadeOnAnEmptyTable): with sequential scans and sorts
+// disabled, the walk can only read an index of ids in their order from $5.
+// That is outbox_event_pending_idx, or the primary key when the statistics
+// the plan was made from say nearly every row is pending (the two then cost
+// the same); from the floor on, the primary key holds the same rows plus the
+// events published since the floor's, which the floor read keeps few (about
+// a batch in a steady drain). The update finds the claimed rows by their ids
+// (= ANY over the claim's array: primary key probes) rather than by a join
+// to the claim: on statistics that say the table is empty, a generic plan of
+// the join walked the whole primary key with the claimed rows on the inner
+// side.
 func claimSQL(ordered bool) string {
 	orderClause := ""
 	if ordered {
@@ -339,10 +355,10 @@ func claimSQL(ordered bool) string {
 	   SET locked_until = coalesce($1::timestamptz, statement_timestamp()) + $3::bigint * interval '1 microsecond',
 	       lock_token = $4,
 	       attempts = e.attempts + 1
-	  FROM claim
-	 WHERE e.id = claim.id
+	 WHERE e.id = ANY (ARRAY(SELECT id FROM claim))
 	RETURNING e.id, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.topic, e.event_type,
-	          e.payload, e.headers, e.attempts, claim.prev_lock IS NOT NULL, coalesce(e.replay_to, ''), e.replay_count`
+	          e.payload, e.headers, e.attempts, (SELECT count(*) FROM claim WHERE prev_lock IS NOT NULL),
+	          coalesce(e.replay_to, ''), e.replay_count`
 }
 
 // claimed is one event this relay holds under its lease.
@@ -442,27 +458,18 @@ const claimTurnSQL = `LOCK TABLE outbox_claim_turn IN EXCLUSIVE MODE`
 // the pending rows' partial indexes in their order (outbox_event_pending_idx,
 // outbox_event_pending_topic_idx) and probe outbox_event_pending_aggregate_idx
 // by aggregate, whatever the statistics say
-// (TestClaimFloorGenericPlanMadeOnAnEmptyTable).
+// (TestClaimGenericPlansMadeOnAnEmptyTable).
 // A disabled sort the plan cannot avoid (the few paused topics' rows) adds
 // its penalty to the plan's cost, which would start JIT compilation on every
 // run: JIT and parallel workers are off.
 //
-// The settings last until the transaction ends; claimCustomSQL sets the
-// claim's own after the floor read.
+// The claim that follows runs under the same settings, on its own generic
+// plan (claimSQL), for the same reason: planning it was about a fifth of the
+// relay's statement time in bench R2 (0.4-0.55 ms a claim; bench/README.md,
+// change 14). The settings last until the transaction ends.
 const claimPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 	set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true),
 	set_config('max_parallel_workers_per_gather', '0', true), set_config('jit', 'off', true)`
-
-// claimCustomSQL follows the floor read: the claim is planned afresh on
-// every call, with the arguments it runs with (claimFrom says why), which a
-// forced generic plan would prevent even for an unnamed statement, and with
-// sequential scans and sorts allowed, as PostgreSQL's defaults have them:
-// turning sorts off for the claim was measured worse in bench R2
-// (bench/README.md, "R2: the relay's latency stalled on a claim plan made
-// for an empty table"). JIT and parallel workers stay off: a claim of a
-// batch gains nothing from either.
-const claimCustomSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true),
-	set_config('enable_seqscan', 'on', true), set_config('enable_sort', 'on', true)`
 
 // claimStart takes up to BatchSize eligible events under a fresh lease
 // token, none of a paused topic (read once per claim, just before it),
@@ -511,7 +518,6 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 	b.Queue(claimPlanSQL)
 	b.Queue(claimTurnSQL)
 	b.Queue(claimFloorSQL, pgtype.UUID{Bytes: from, Valid: true}, r.nowArg(), !r.cfg.DisableOrdering)
-	b.Queue(claimCustomSQL)
 	br := r.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	_, err := br.Exec() // BEGIN
@@ -525,9 +531,6 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 	if err == nil {
 		err = br.QueryRow().Scan(&paused, &floor, &first)
 		walk = time.Since(locked)
-	}
-	if err == nil {
-		_, err = br.Exec() // claimCustomSQL
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -561,15 +564,9 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 	} else if bytes.Compare(first[:], floor[:]) > 0 {
 		floor = first
 	}
-	// Planned afresh on every call (QueryExecModeExec: an unnamed statement),
-	// never from a plan cached on the connection: a prepared claim switches
-	// to a generic plan after a few runs, and one made while the table was
-	// empty or tiny (a new deployment, a burst after a quiet spell) scans the
-	// table and probes each candidate's aggregate by scanning it again,
-	// O(pending²), until autoanalyze invalidates it, up to a minute later
-	// (bench R2: claims of 5 s, a 16 s p99). A fresh plan sees the table's
-	// current size; planning costs about a millisecond per batch.
-	rows, err := tx.Query(ctx, r.claimSQL, pgx.QueryExecModeExec, r.nowArg(), r.cfg.BatchSize, r.cfg.Lease.Microseconds(), token, *floor, paused)
+	// On the generic plan prepared on this connection (claimSQL says why
+	// it is safe whatever the statistics).
+	rows, err := tx.Query(ctx, r.claimSQL, r.nowArg(), r.cfg.BatchSize, r.cfg.Lease.Microseconds(), token, *floor, paused)
 	if err != nil {
 		return nil, 0, nil, fmt.Errorf("outbox: claim: %w", err)
 	}
@@ -583,13 +580,13 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 			out = make([]claimed, 0, r.cfg.BatchSize)
 		}
 		var (
-			c         claimed
-			id        pgtype.UUID // read in binary whatever the pool's type map (idsOf)
-			headers   []byte
-			wasLeased bool
+			c       claimed
+			id      pgtype.UUID // read in binary whatever the pool's type map (idsOf)
+			headers []byte
+			leased  int64 // the batch's expired leases, on every row
 		)
 		if err := rows.Scan(&id, &c.AggregateType, &c.AggregateID, &c.AggregateSeq, &c.Topic, &c.EventType,
-			&c.Payload, &headers, &c.Attempts, &wasLeased, &c.ReplayTo, &c.Replay); err != nil {
+			&c.Payload, &headers, &c.Attempts, &leased, &c.ReplayTo, &c.Replay); err != nil {
 			return nil, 0, nil, fmt.Errorf("outbox: claim: %w", err)
 		}
 		c.ID = id.Bytes
@@ -600,9 +597,7 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 				r.log.Warn("outbox: unreadable headers", "id", c.ID, "err", err)
 			}
 		}
-		if wasLeased {
-			expired++
-		}
+		expired = int(leased)
 		if r.cfg.Shards > 0 {
 			c.Shards, c.Shard = r.cfg.Shards, broker.ShardOf(c.AggregateType, c.AggregateID, r.cfg.Shards)
 		}
@@ -612,6 +607,12 @@ func (r *Relay) claimFrom(ctx context.Context, token, from uuid.UUID, full bool)
 	if err := rows.Err(); err != nil {
 		return nil, 0, nil, fmt.Errorf("outbox: claim: %w", err)
 	}
+	// Published in the claim's order, which is id order (an aggregate's
+	// events in their sequence when ordering is off: a failure defers the
+	// rest of its aggregate). The update returns its rows in the order its
+	// primary key probes found them, which the plan decides (a bitmap scan
+	// returns them in the table's order).
+	slices.SortFunc(out, func(a, b claimed) int { return bytes.Compare(a.ID[:], b.ID[:]) })
 	// The cursor moves now, before the COMMIT's answer: the next claim
 	// computes its start at once, and queues behind this one's claim lock
 	// anyway. Should the COMMIT fail, the events it leaves pending below the

@@ -13,14 +13,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/outbox"
-	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
 	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
@@ -755,51 +753,5 @@ func TestRelayPausesDuringOutageAndResumes(t *testing.T) {
 			t.Fatalf("%s #%d published after #%d", p.Msg.AggregateID, p.Msg.AggregateSeq, last[p.Msg.AggregateID])
 		}
 		last[p.Msg.AggregateID] = p.Msg.AggregateSeq
-	}
-}
-
-// The relay plans its claim afresh on every call. A prepared claim switches
-// to a generic plan after a few runs, and one made while the outbox was
-// empty scans the table and probes each candidate's aggregate by scanning it
-// again once events arrive, until autoanalyze invalidates it (bench R2:
-// claims of 5 s, a 16 s p99). So the claim is never a prepared statement on
-// the relay's connection, however often it ran on an empty table.
-func TestRelayClaimIsNeverAPreparedStatement(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	cfg := dbtest.Config(t)
-	cfg.MaxConns = 1 // one connection: the check below reads the relay's own
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	r, err := outbox.NewRelay(pool, &memPublisher{name: "r", log: &pubLog{}}, outbox.RelayConfig{DisableListen: true}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 8 { // more than the five custom plans before a generic one
-		if _, err := r.RunOnce(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	outboxtest.Insert(t, pool, outboxtest.Seed{N: 10})
-	res, err := r.RunOnce(ctx)
-	if err != nil || res.Published != 10 {
-		t.Fatalf("published %d (%v), want 10", res.Published, err)
-	}
-	var claims, prepared int
-	// The claim's text, built so that this query does not contain it itself.
-	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE position('FOR UPDATE OF c ' || 'SKIP LOCKED' IN statement) > 0), count(*)
-	                                 FROM pg_prepared_statements`).Scan(&claims, &prepared); err != nil {
-		t.Fatal(err)
-	}
-	// The mark is prepared (pgx's statement cache): the view is read on the
-	// relay's connection, so the check can see a prepared claim.
-	if prepared == 0 {
-		t.Fatal("no prepared statement at all on the relay's connection: the check reads another connection")
-	}
-	if claims != 0 {
-		t.Fatalf("the claim is prepared on the relay's connection (%d): it may run a generic plan made for an empty table", claims)
 	}
 }
