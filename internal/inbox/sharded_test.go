@@ -262,6 +262,17 @@ func TestShardedConsumerKeepsOrderThroughKills(t *testing.T) {
 	}
 
 	first := start()
+	// The first process holds every shard before the standby starts. There
+	// is no rebalancing (a shard stays with whoever locked it first), so a
+	// standby that won the race for the locks would leave the first process
+	// nothing to lose when it is killed: a fast machine saw the child start
+	// and lock all sixteen before the first had any.
+	for first.c.Running() < shards {
+		if ctx.Err() != nil {
+			t.Fatalf("the first consumer runs %d of %d shards before the deadline", first.c.Running(), shards)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	var childOut bytes.Buffer
 	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), "SLUICE_SHARD_HELPER=1", "SLUICE_SHARD_DB="+url,
