@@ -24,6 +24,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/inbox"
 	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 func msg(id, agg string, seq int64, pos uint64) broker.Message {
@@ -267,12 +268,9 @@ func TestShardedConsumerKeepsOrderThroughKills(t *testing.T) {
 	// standby that won the race for the locks would leave the first process
 	// nothing to lose when it is killed: a fast machine saw the child start
 	// and lock all sixteen before the first had any.
-	for first.c.Running() < shards {
-		if ctx.Err() != nil {
-			t.Fatalf("the first consumer runs %d of %d shards before the deadline", first.c.Running(), shards)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.Eventually(t, "the first consumer running every shard", func() (bool, error) {
+		return first.c.Running() == shards, nil
+	})
 	var childOut bytes.Buffer
 	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), "SLUICE_SHARD_HELPER=1", "SLUICE_SHARD_DB="+url,
