@@ -21,8 +21,9 @@ import (
 // recount`) after.
 
 // backlogCountLock is the advisory lock that orders RecountBacklog (and the
-// TRUNCATE trigger, which names the same number) against compactions: they
-// take it exclusively, a compaction takes it shared or skips its turn.
+// TRUNCATE trigger, which names the same number) and compactions: each takes
+// it exclusively, the recount and the trigger waiting for it, a compaction
+// skipping its turn when it is taken.
 const backlogCountLock int64 = 0x511CEB0C07
 
 // countedUpdate wraps update, an UPDATE of outbox_event whose WHERE clause
@@ -53,27 +54,31 @@ func countedUpdate(from, update, columns string) string {
 // relays call it at most once a second after publishing, the console every
 // few seconds; calling it more often only costs time.
 //
-// It is one statement, safe under concurrent writers and compactions:
-// the DELETE removes, and RETURNs, exactly the rows that are still live
-// when it reaches them (under READ COMMITTED a row another compaction
-// deleted meanwhile is skipped once that one commits, and not returned), and
-// the INSERT adds their sum, in the same transaction, so the total of every
-// (topic, status) is unchanged at every commit. Rows writers add meanwhile
-// are not in its snapshot: they stay as they are, for the next compaction.
-// Two compactions delete disjoint sets of rows.
+// It is one statement, safe under concurrent writers: the DELETE removes,
+// and RETURNs, the rows of its snapshot, and the INSERT adds their sum, in
+// the same transaction, so the total of every (topic, status) is unchanged at
+// every commit. Rows writers add meanwhile are not in its snapshot: they stay
+// as they are, for the next compaction.
 //
-// It takes backlogCountLock shared, without waiting: while a recount (or a
-// TRUNCATE of outbox_event) holds it, this call does nothing. The lock is
-// taken in the statement's first step, before any row is deleted (the
-// DELETE's condition reads it), and held until commit, so a recount's
-// snapshot, taken after it got the lock, sees either none or all of this
-// compaction. The statement rewrites nothing when every (topic, status)
-// already has one row, so an idle system writes nothing.
+// It takes backlogCountLock exclusively, without waiting: while a recount,
+// a TRUNCATE of outbox_event or another compaction holds it, this call does
+// nothing and waits for nothing. The lock is taken in the statement's first
+// step, before any row is deleted (the DELETE's condition reads it), and held
+// until commit, so a recount's snapshot, taken after it got the lock, sees
+// either none or all of this compaction. Until 6 December compactions took it
+// shared and ran together, each deleting the whole table: the second waited
+// on the first's deleted rows, and once the table outgrew a quarter of
+// shared_buffers (autovacuum behind; PostgreSQL then starts a second
+// sequential scan where the first one is) two relays' compactions deadlocked,
+// stalling both relays' loops for deadlock_timeout (bench R2 in the full mode:
+// six deadlocks in twenty minutes, p99 782 ms at 1,000 events/s).
+// The statement rewrites nothing when every (topic, status) already has one
+// row, so an idle system writes nothing.
 func CompactBacklogCounts(ctx context.Context, q db.RowQuerier) (int64, error) {
 	var n int64
 	err := q.QueryRow(ctx, `
 		WITH may AS (
-			SELECT pg_try_advisory_xact_lock_shared($1)
+			SELECT pg_try_advisory_xact_lock($1)
 			   AND (SELECT count(*) > count(DISTINCT (topic, status)) FROM outbox_backlog_count) AS ok
 		), gone AS (
 			DELETE FROM outbox_backlog_count WHERE (SELECT ok FROM may) RETURNING topic, status, n

@@ -319,6 +319,67 @@ func TestBacklogCountsStayExactUnderAConcurrentMix(t *testing.T) {
 	}
 }
 
+// Two compactions never wait for each other: the second does nothing while
+// the first is under way. Until 6 December they ran together, each deleting
+// the whole table, so the second waited on the first's deleted rows, and two
+// relays' compactions deadlocked once the table outgrew a quarter of
+// shared_buffers (synchronized sequential scans start the second scan
+// mid-table): bench R2 saw both relays stall for deadlock_timeout. Here the
+// first compaction is left uncommitted, and the second runs under a
+// lock_timeout: it fails if it waits for any lock at all.
+func TestCompactionsDoNotWaitForEachOther(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	for i := range 3 { // three insert statements: three delta rows of one count
+		bulkInsert(t, pool, fmt.Sprintf("cw%d", i), 5, 1)
+	}
+	var before int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_backlog_count`).Scan(&before); err != nil || before < 3 {
+		t.Fatalf("%d delta rows to compact (%v), want 3 or more", before, err)
+	}
+
+	first, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	if n, err := outbox.CompactBacklogCounts(ctx, first); err != nil || n < 2 {
+		t.Fatalf("the first compaction removed %d rows (%v), want at least 2", n, err)
+	}
+
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET lock_timeout = '5s'`); err != nil {
+		t.Fatal(err)
+	}
+	n, err := outbox.CompactBacklogCounts(ctx, conn)
+	if _, resetErr := conn.Exec(ctx, `RESET lock_timeout`); resetErr != nil {
+		t.Fatal(resetErr)
+	}
+	if err != nil {
+		t.Fatalf("a compaction beside one under way: %v (it waited for the other's locks)", err)
+	}
+	if n != 0 {
+		t.Fatalf("a compaction beside one under way removed %d rows, want none", n)
+	}
+
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertCountsExact(t, pool, "after both compactions")
+	var rows, keys int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT (topic, status)) FROM outbox_backlog_count`).Scan(&rows, &keys); err != nil {
+		t.Fatal(err)
+	}
+	if rows != keys {
+		t.Fatalf("%d delta rows for %d counts, want one each", rows, keys)
+	}
+}
+
 // A recount repairs counts a hand-written status change left wrong.
 func TestRecountRepairsAStatusChangedByHand(t *testing.T) {
 	t.Parallel()

@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"math"
 	"net/url"
 	"os"
 	"os/exec"
@@ -88,7 +89,7 @@ func main() {
 	flag.StringVar(&o.payProvider, "payments-provider", "inproc", "P1: the simulated provider: inproc (a Go call that succeeds at once, as BENCH.md defines P1) or http (provider.Client to provider.Simulator over loopback HTTP: both on the bench's cores)")
 	flag.StringVar(&o.paySQL, "payments-sql", "", "P1: SQL run on the service's database after its migration, for what-if runs (e.g. 'DROP INDEX payment_invoice_idx'); the run is then not the product's")
 	flag.StringVar(&o.payTrace, "payments-trace", "", "P1: write the open loop's requests (ms after its start, latency in ms) to FILE-<run>.csv")
-	flag.StringVar(&o.r2Trace, "r2-trace", "", "R2: write each fixed-rate relay run's events (commit, ms after the loop's start; latency) and the relays' statements (start, duration, connection, statement) to FILE-<rate>-<run>.csv")
+	flag.StringVar(&o.r2Trace, "r2-trace", "", "R2: write each fixed-rate relay run's events (commit, ms after the loop's start; latency; the id's age at commit) and the relays' statements (start, duration, connection, statement) to FILE-<rate>-<run>.csv")
 	flag.StringVar(&o.r2Rates, "r2-rates", "500,1000,2000", "R2: the fixed rates, events/s (comma list)")
 	flag.IntVar(&d1Dead, "d1-dead", d1Dead, "D1: dead outbox events loaded (spread over up to 100,000 aggregates)")
 	flag.IntVar(&o.d1Churn, "d1-churn", 0, "D1: events of the churn phase's topic published since the last vacuum (default 1,000,000; quick 200,000)")
@@ -552,6 +553,19 @@ func ratios(cs []*config) []ratio {
 	return out
 }
 
+// ratioText prints a ratio to two decimals, or to as many more as it takes
+// to tell it from its goal: 1.1999 printed as "1.20×" beside "1.2× ✗" reads
+// as a wrong mark.
+func ratioText(v, goal float64) string {
+	for prec := 2; prec <= 6; prec++ {
+		scale := math.Pow(10, float64(prec))
+		if goal <= 0 || (math.Round(v*scale)/scale >= goal) == (v >= goal) {
+			return strconv.FormatFloat(v, 'f', prec, 64) + "×"
+		}
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64) + "×"
+}
+
 func printTable(rep *report) {
 	fmt.Printf("\nR1 burn-down (%s mode, commit %s, nproc %v, %v)\n", rep.Mode, rep.Commit, rep.Machine["nproc"], rep.Machine["server_version"])
 	if tps, ok := rep.Machine["pgbench_N_tps"]; ok {
@@ -572,7 +586,7 @@ func printTable(rep *report) {
 				goal += " ✗"
 			}
 		}
-		fmt.Printf("%-6s %-24s %7.2f× %6.2f–%-6.2f %8s  %s\n", r.Sink, r.Name, r.Median, r.Low, r.High, goal, r.Over)
+		fmt.Printf("%-6s %-24s %8s %6.2f–%-6.2f %8s  %s\n", r.Sink, r.Name, ratioText(r.Median, r.Goal), r.Low, r.High, goal, r.Over)
 	}
 	printPayments(rep.Payments)
 	for _, n := range rep.Notes {

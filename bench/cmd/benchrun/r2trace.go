@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -89,8 +90,11 @@ func stmtLabel(sql string) string {
 	return strings.ReplaceAll(s, ",", ";")
 }
 
-// writeR2Trace writes one run's events (commit time after start, latency)
-// and statements, both in ms, as CSV.
+// writeR2Trace writes one run's events (commit time after start, latency,
+// and in the last column how old the event's id was at its commit) and
+// statements, all in ms, as CSV. An event whose id is older at its commit
+// than the relay's lateCommit can lie below a relay's cursor, and then waits
+// for a walk from the lowest id (outbox.claimCursor).
 func writeR2Trace(file string, start time.Time, commits map[string]time.Time, sink *probeSink, traces ...*stmtTrace) error {
 	f, err := os.Create(file)
 	if err != nil {
@@ -98,16 +102,16 @@ func writeR2Trace(file string, start time.Time, commits map[string]time.Time, si
 	}
 	w := bufio.NewWriter(f)
 	fmt.Fprintln(w, "kind,start_ms,ms,backend,what")
-	type ev struct{ at, lat float64 }
+	type ev struct{ at, lat, age float64 }
 	var evs []ev
 	for id, c := range commits {
 		if a, ok := sink.arrived(id); ok {
-			evs = append(evs, ev{ms(c.Sub(start)), ms(a.Sub(c))})
+			evs = append(evs, ev{ms(c.Sub(start)), ms(a.Sub(c)), ms(c.Sub(v7Time(id)))})
 		}
 	}
 	slices.SortFunc(evs, func(a, b ev) int { return cmp.Compare(a.at, b.at) })
 	for _, e := range evs {
-		fmt.Fprintf(w, "event,%.3f,%.3f,,\n", e.at, e.lat)
+		fmt.Fprintf(w, "event,%.3f,%.3f,,%.1f\n", e.at, e.lat, e.age)
 	}
 	for _, t := range traces {
 		t.mu.Lock()
@@ -125,4 +129,18 @@ func writeR2Trace(file string, start time.Time, commits map[string]time.Time, si
 		return err
 	}
 	return f.Close()
+}
+
+// v7Time is when a UUIDv7 (in its text form) was made, to the millisecond:
+// its first 48 bits. Anything else reads as the zero time.
+func v7Time(id string) time.Time {
+	u, err := uuid.Parse(id)
+	if err != nil || u.Version() != 7 {
+		return time.Time{}
+	}
+	var ms int64
+	for _, b := range u[:6] {
+		ms = ms<<8 | int64(b)
+	}
+	return time.UnixMilli(ms)
 }
