@@ -71,7 +71,7 @@ func countedUpdate(from, update, columns string) string {
 // shared_buffers (autovacuum behind; PostgreSQL then starts a second
 // sequential scan where the first one is) two relays' compactions deadlocked,
 // stalling both relays' loops for deadlock_timeout (bench R2 in the full mode:
-// six deadlocks in twenty minutes, p99 782 ms at 1,000 events/s).
+// six deadlocks in seven minutes, p99 782 ms at 1,000 events/s).
 // The statement rewrites nothing when every (topic, status) already has one
 // row, so an idle system writes nothing.
 func CompactBacklogCounts(ctx context.Context, q db.RowQuerier) (int64, error) {

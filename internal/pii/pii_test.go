@@ -42,7 +42,7 @@ func TestSealRoundTripAndPlaceBinding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(env, "enc:v2:k1:") || strings.Contains(env, "ayse") {
+	if !strings.HasPrefix(env, "enc:v2:k1:") || strings.Contains(env, "ayse@") {
 		t.Fatalf("envelope %q: want enc:v2:k1: prefix and no clear text", env)
 	}
 	if got, err := kr.Open(pay1, pii.FieldEmail, env); err != nil || got != "ayse@example.com" {
@@ -203,7 +203,7 @@ func TestBlindIndexAndSearchHash(t *testing.T) {
 			t.Fatal("the search hash carries the blind index")
 		}
 	}
-	if strings.Contains(h, "ayse") {
+	if strings.Contains(h, "ayse@") {
 		t.Fatal("the search hash carries the search")
 	}
 }
@@ -275,7 +275,10 @@ func TestSealPayloadSealsAllButSafeAndRoundTrips(t *testing.T) {
 			t.Fatalf("a sensitive or undeclared field is not sealed: %v in %s", v, sealed)
 		}
 	}
-	for _, clear := range []string{"Ayşe", "ayse", "532", "Bağdat", "ring twice"} {
+	// Each canary holds a character base64url never writes (ş, ğ, @, a
+	// space): a short run of letters or digits turns up in random
+	// ciphertext now and then ("532" did, in CI).
+	for _, clear := range []string{"Ayşe", "ayse@example", "532 123", "Bağdat", "ring twice"} {
 		if strings.Contains(string(sealed), clear) {
 			t.Fatalf("sealed payload carries %q: %s", clear, sealed)
 		}
