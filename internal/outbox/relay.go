@@ -1022,6 +1022,28 @@ func idsOf(evs []claimed) []pgtype.UUID {
 	return ids
 }
 
+// leasedInIDOrder is the condition of each statement that updates a batch
+// of the relay's events by id ($1, an array of ids) under its lease token
+// ($2): the mark and the release. It locks the rows first, in id order,
+// in a subquery whose lock sits above its ORDER BY, whatever plan finds
+// them (FOR NO KEY UPDATE: the lock the update takes anyway). A bulk job's chunk locks its rows in id order too (job.go), and
+// two statements that lock the same rows in different orders can deadlock,
+// one of them cancelled after deadlock_timeout. The update alone locks rows
+// in the order its scan meets them: for a batch of 500 that was a bitmap heap
+// scan, the heap's order, and the server's log of the tests' runs held three
+// deadlocks between a mark and a chunk (6 December). Turning bitmap and
+// sequential scans off for the statement was not enough: the planner then
+// read a whole partial index in aggregate order (TestMarkAndReleaseLockInIDOrder).
+// The update then finds rows it already holds, so it waits for nothing; it
+// keeps the conditions for the re-check of a row a concurrent transaction
+// changed before the subquery locked it.
+const leasedInIDOrder = `id = ANY (ARRAY(
+		        SELECT l.id FROM outbox_event l
+		         WHERE l.id = ANY($1) AND l.lock_token = $2 AND l.status = 'pending'
+		         ORDER BY l.id
+		           FOR NO KEY UPDATE))
+		   AND lock_token = $2 AND status = 'pending'`
+
 // markPublishedSQL marks a batch published where our lease token is still
 // on it. It commits asynchronously (synchronous_commit off for this
 // statement's transaction only, through set_config(..., true)): the mark is
@@ -1037,7 +1059,7 @@ var markPublishedSQL = countedUpdate(`'pending'`, `
 		   SET status = 'published', published_at = coalesce($3::timestamptz, statement_timestamp()), locked_until = NULL,
 		       replay_to = NULL
 		  FROM (SELECT set_config('synchronous_commit', 'off', true)) async_commit
-		 WHERE id = ANY($1) AND lock_token = $2 AND status = 'pending'
+		 WHERE `+leasedInIDOrder+`
 		RETURNING topic AS delta_topic, status AS delta_status`, `u.delta_topic`)
 
 // markPublished marks events published only while our lease token is still
@@ -1176,7 +1198,7 @@ func (r *Relay) release(ctx context.Context, evs []claimed, token uuid.UUID, del
 		   SET locked_until = NULL, lock_token = NULL, attempts = greatest(attempts - 1, 0),
 		       available_at = greatest(available_at, coalesce($3::timestamptz, statement_timestamp()) + $4::bigint * interval '1 microsecond'),
 		       last_error = coalesce(nullif($5, ''), last_error)
-		 WHERE id = ANY($1) AND lock_token = $2 AND status = 'pending'`,
+		 WHERE `+leasedInIDOrder,
 		ids, token, r.nowArg(), delay.Microseconds(), lastError)
 	if err != nil {
 		return fmt.Errorf("outbox: release %d events: %w", len(ids), err)
