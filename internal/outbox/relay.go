@@ -1024,19 +1024,20 @@ func idsOf(evs []claimed) []pgtype.UUID {
 
 // leasedInIDOrder is the condition of each statement that updates a batch
 // of the relay's events by id ($1, an array of ids) under its lease token
-// ($2): the mark and the release. It locks the rows first, in id order,
-// in a subquery whose lock sits above its ORDER BY, whatever plan finds
-// them (FOR NO KEY UPDATE: the lock the update takes anyway). A bulk job's chunk locks its rows in id order too (job.go), and
-// two statements that lock the same rows in different orders can deadlock,
-// one of them cancelled after deadlock_timeout. The update alone locks rows
-// in the order its scan meets them: for a batch of 500 that was a bitmap heap
-// scan, the heap's order, and the server's log of the tests' runs held three
-// deadlocks between a mark and a chunk (6 December). Turning bitmap and
-// sequential scans off for the statement was not enough: the planner then
-// read a whole partial index in aggregate order (TestMarkAndReleaseLockInIDOrder).
-// The update then finds rows it already holds, so it waits for nothing; it
-// keeps the conditions for the re-check of a row a concurrent transaction
-// changed before the subquery locked it.
+// ($2): the mark and the release. It locks the rows first, in id order, in a
+// subquery whose lock sits above its ORDER BY, whatever plan finds them (FOR
+// NO KEY UPDATE: the lock the update takes anyway). A bulk job's chunk locks
+// its rows in id order too (job.go), and two statements that lock the same
+// rows in different orders can deadlock, one of them cancelled after
+// deadlock_timeout. The update alone locks rows in the order its scan meets
+// them: for a batch of 500 that was a bitmap heap scan, the heap's order, and
+// the server's log of the tests' runs held three deadlocks between a mark and
+// a chunk (6 December). Turning bitmap and sequential scans off for the
+// statement was not enough: the planner then read a whole partial index in
+// aggregate order (TestMarkAndReleaseLockInIDOrder). The update then finds
+// rows it already holds, so it waits for nothing; it keeps the conditions for
+// the re-check of a row a concurrent transaction changed before the subquery
+// locked it.
 const leasedInIDOrder = `id = ANY (ARRAY(
 		        SELECT l.id FROM outbox_event l
 		         WHERE l.id = ANY($1) AND l.lock_token = $2 AND l.status = 'pending'
