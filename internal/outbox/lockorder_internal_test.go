@@ -69,7 +69,7 @@ func lockedWhileWaiting(t *testing.T, pool *pgxpool.Pool, ids []uuid.UUID, held 
 	testkit.Eventually(t, "the write waits for the held row", func() (bool, error) {
 		select {
 		case err := <-done:
-			return false, errors.Join(errors.New("the write finished without waiting for the held row"), err)
+			t.Fatalf("the write finished without waiting for the held row (err %v)", err)
 		default:
 		}
 		var waiting int
