@@ -147,7 +147,7 @@ func TestMarkAndReleaseLockInIDOrder(t *testing.T) {
 		return evs
 	}
 	// A release of 500, a mark of them, a mark of the next 500: twice, the
-	// second time with the batch listed backwards.
+	// second time with the marks' batches listed backwards.
 	ctx := context.Background()
 	for round := range 2 {
 		relIDs := ids[round*1000 : round*1000+500]
