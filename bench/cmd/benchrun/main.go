@@ -58,6 +58,7 @@ type options struct {
 	payProvider string // P1's provider: inproc or http
 	paySQL      string // P1: SQL run on the service's database after its migration (what-if runs)
 	payTrace    string // P1: file for the open loop's latencies
+	payLadder   bool   // P1: climb from the SQL floor to the product's schema first
 	r2Trace     string // R2: file for the relays' events and statements
 	r2Rates     string // R2: the fixed rates (comma list)
 	r2Steps     int    // R2: the search's steps (-1: the mode's default)
@@ -88,6 +89,7 @@ func main() {
 	flag.IntVar(&o.payPool, "payments-pool", sluiceconfig.DefaultPaymentsPoolSize, "P1: the payments service's database pool (PAYMENTS_DB_POOL_SIZE)")
 	flag.StringVar(&o.payProvider, "payments-provider", "inproc", "P1: the simulated provider: inproc (a Go call that succeeds at once, as BENCH.md defines P1) or http (provider.Client to provider.Simulator over loopback HTTP: both on the bench's cores)")
 	flag.StringVar(&o.paySQL, "payments-sql", "", "P1: SQL run on the service's database after its migration, for what-if runs (e.g. 'DROP INDEX payment_invoice_idx'); the run is then not the product's")
+	flag.BoolVar(&o.payLadder, "payments-ladder", false, "P1: before the runs, climb from the SQL floor to the product's schema one part at a time (bench/README.md \"P1's SQL floor\"), a floor and a pgbench -N phase per step")
 	flag.StringVar(&o.payTrace, "payments-trace", "", "P1: write the open loop's requests (ms after its start, latency in ms) to FILE-<run>.csv")
 	flag.StringVar(&o.r2Trace, "r2-trace", "", "R2: write each fixed-rate relay run's events (commit, ms after the loop's start; latency; the id's age at commit) and the relays' statements (start, duration, connection, statement) to FILE-<rate>-<run>.csv")
 	flag.StringVar(&o.r2Rates, "r2-rates", "500,1000,2000", "R2: the fixed rates, events/s (comma list)")

@@ -67,12 +67,18 @@ type paymentsRun struct {
 	ServerCPUMsPerTx  float64 `json:"server_cpu_ms_per_pgbench_tx"`
 	ServerCPUMsPerPay float64 `json:"server_cpu_ms_per_payment"`
 	BenchCPUMsPerTx   float64 `json:"pgbench_process_cpu_ms_per_tx"`
-	OpenRate          float64 `json:"open_loop_rate"`
-	OpenP50Ms         float64 `json:"open_loop_p50_ms"`
-	OpenP99Ms         float64 `json:"open_loop_p99_ms"`
-	OpenErrors        int64   `json:"open_loop_errors"`
-	Errors            int64   `json:"errors"`
-	RetriesReplayed   int64   `json:"retries_replayed"`
+	// The SQL floor (paymentsfloor.go): a payment's nine writes in two
+	// transactions, run by pgbench with the same clients in its own phase.
+	FloorPerSec         float64 `json:"floor_payments_per_sec"`
+	FloorRatio          float64 `json:"floor_ratio"`       // floor ÷ pgbench -N TPS: the most any service could reach here
+	OfFloor             float64 `json:"payments_of_floor"` // payments/s ÷ floor payments/s
+	ServerCPUMsPerFloor float64 `json:"server_cpu_ms_per_floor_payment"`
+	OpenRate            float64 `json:"open_loop_rate"`
+	OpenP50Ms           float64 `json:"open_loop_p50_ms"`
+	OpenP99Ms           float64 `json:"open_loop_p99_ms"`
+	OpenErrors          int64   `json:"open_loop_errors"`
+	Errors              int64   `json:"errors"`
+	RetriesReplayed     int64   `json:"retries_replayed"`
 }
 
 type paymentsReport struct {
@@ -86,9 +92,16 @@ type paymentsReport struct {
 	MinRatio    float64       `json:"min_ratio"`
 	MaxRatio    float64       `json:"max_ratio"`
 	MedianP99Ms float64       `json:"median_open_loop_p99_ms"`
-	Goal        float64       `json:"goal"`
-	MeetsGoal   bool          `json:"meets_goal"`
-	MeetsP99    bool          `json:"meets_p99_goal"`
+	// The SQL floor's ratio to pgbench -N and the service's to the floor,
+	// medians of the runs.
+	MedianFloorRatio float64 `json:"median_floor_ratio"`
+	MedianOfFloor    float64 `json:"median_payments_of_floor"`
+	// Ladder is floorLadder as measured (-payments-ladder), once per run of
+	// the bench.
+	Ladder    []ladderRow `json:"floor_ladder,omitempty"`
+	Goal      float64     `json:"goal"`
+	MeetsGoal bool        `json:"meets_goal"`
+	MeetsP99  bool        `json:"meets_p99_goal"`
 }
 
 // countingTracer counts the statements the service's pool sends (BEGIN and
@@ -149,7 +162,9 @@ func runPaymentsWorkload(ctx context.Context, o options, admin *pgx.Conn, suffix
 	clients, poolSize := 32, o.payPool
 	name := "sluicebench_" + suffix + "_payments"
 	pgbName := "sluicebench_" + suffix + "_pgbench32"
-	for _, n := range []string{name, pgbName} {
+	floorName := "sluicebench_" + suffix + "_payfloor"
+	ladderName := "sluicebench_" + suffix + "_payladder"
+	for _, n := range []string{name, pgbName, floorName, ladderName} {
 		if _, err := admin.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{n}.Sanitize()); err != nil {
 			return err
 		}
@@ -159,12 +174,26 @@ func runPaymentsWorkload(ctx context.Context, o options, admin *pgx.Conn, suffix
 	if out, err := exec.CommandContext(ctx, "pgbench", "-i", "-q", "-s", "10", pgbURL).CombinedOutput(); err != nil {
 		return fmt.Errorf("pgbench -i: %w: %s", err, out)
 	}
+	floorURL := withDB(o.adminURL, floorName)
+	if err := setupFloor(ctx, floorURL, clients); err != nil {
+		return err
+	}
+	var ladder []ladderRow
+	if o.payLadder {
+		// Before the service starts: the ladder's phases have the machine
+		// to themselves.
+		var err error
+		if ladder, err = runFloorLadder(ctx, admin, withDB(o.adminURL, ladderName), pgbURL, clients, secs); err != nil {
+			return err
+		}
+	}
 	env, stop, err := startPayments(ctx, withDB(o.adminURL, name), clients, poolSize, o.payProvider, o.paySQL)
 	if err != nil {
 		return err
 	}
 	defer stop()
 	pr := &paymentsReport{Clients: clients, Pool: poolSize, Provider: o.payProvider, WhatIfSQL: o.paySQL, Seconds: secs, Goal: paymentsGoal}
+	pr.Ladder = ladder
 	// Warm up: connections, prepared statements, the HTTP keep-alives.
 	if _, err := env.closedLoop(ctx, 2*time.Second); err != nil {
 		return err
@@ -198,6 +227,15 @@ func runPaymentsWorkload(ctx context.Context, o options, admin *pgx.Conn, suffix
 		pgbTx := run.PgbenchTPS * float64(secs)
 		srvTx := float64((serverCPU() - srv0).Microseconds()) / 1000 / pgbTx
 		benchTx := float64((childCPU() - self0).Microseconds()) / 1000 / pgbTx
+		if err := quiesce(ctx, admin); err != nil {
+			return err
+		}
+		srv0 = serverCPU()
+		floor, err := pgbenchFloor(ctx, floorURL, clients, secs, r+1, false)
+		if err != nil {
+			return err
+		}
+		floorCPU := float64((serverCPU() - srv0).Microseconds()) / 1000 / (floor * float64(secs))
 		if _, err := env.closedLoop(ctx, time.Second); err != nil { // reconnect, prepare
 			return err
 		}
@@ -215,6 +253,7 @@ func runPaymentsWorkload(ctx context.Context, o options, admin *pgx.Conn, suffix
 		res.ServerCPUMsPerTx, res.BenchCPUMsPerTx = srvTx, benchTx
 		res.Load, res.PgbenchTPS = run.Load, run.PgbenchTPS
 		res.Ratio = res.PaymentsPerSec / res.PgbenchTPS
+		res.FloorPerSec, res.FloorRatio, res.OfFloor, res.ServerCPUMsPerFloor = floor, floor/res.PgbenchTPS, res.PaymentsPerSec/floor, floorCPU
 		res.OpenRate = res.PaymentsPerSec / 2
 		if err := quiesce(ctx, admin); err != nil {
 			return err
@@ -227,17 +266,23 @@ func runPaymentsWorkload(ctx context.Context, o options, admin *pgx.Conn, suffix
 			return err
 		}
 		pr.Runs = append(pr.Runs, res)
-		fmt.Printf("  P1 run %d  pgbench -N %d clients %6.0f TPS | payments %6.0f/s (%.0f req/s) = %.3f× | closed p50 %.1f ms p99 %.1f ms | commits/pay %.2f stmts/pay %.1f pool wait %.2f ms/pay provider %.2f ms cpu %.2f ms/pay | open loop %.0f/s p50 %.1f ms p99 %.1f ms (errors %d) | server cpu %.2f ms/pay, %.2f ms/pgbench tx (pgbench itself %.2f ms/tx) | load %s\n",
+		fmt.Printf("  P1 run %d  pgbench -N %d clients %6.0f TPS | payments %6.0f/s (%.0f req/s) = %.3f× | closed p50 %.1f ms p99 %.1f ms | commits/pay %.2f stmts/pay %.1f pool wait %.2f ms/pay provider %.2f ms cpu %.2f ms/pay | open loop %.0f/s p50 %.1f ms p99 %.1f ms (errors %d) | server cpu %.2f ms/pay, %.2f ms/pgbench tx (pgbench itself %.2f ms/tx) | SQL floor %.0f/s = %.3f× of pgbench -N, server cpu %.2f ms/pay; payments ÷ floor %.2f× | load %s\n",
 			r+1, clients, res.PgbenchTPS, res.PaymentsPerSec, res.RequestsPerSec, res.Ratio, res.ClosedP50Ms, res.ClosedP99Ms,
-			res.CommitsPerPay, res.StmtsPerPay, res.PoolWaitMsPay, res.ProviderMs, res.CPUMsPerPay, res.OpenRate, res.OpenP50Ms, res.OpenP99Ms, res.OpenErrors, res.ServerCPUMsPerPay, res.ServerCPUMsPerTx, res.BenchCPUMsPerTx, res.Load)
+			res.CommitsPerPay, res.StmtsPerPay, res.PoolWaitMsPay, res.ProviderMs, res.CPUMsPerPay, res.OpenRate, res.OpenP50Ms, res.OpenP99Ms, res.OpenErrors, res.ServerCPUMsPerPay, res.ServerCPUMsPerTx, res.BenchCPUMsPerTx,
+			res.FloorPerSec, res.FloorRatio, res.ServerCPUMsPerFloor, res.OfFloor, res.Load)
 	}
-	var ratios, p99s []float64
+	var ratios, p99s, floors, ofFloor []float64
 	for _, r := range pr.Runs {
 		ratios = append(ratios, r.Ratio)
 		p99s = append(p99s, r.OpenP99Ms)
+		floors = append(floors, r.FloorRatio)
+		ofFloor = append(ofFloor, r.OfFloor)
 	}
 	slices.Sort(ratios)
 	slices.Sort(p99s)
+	slices.Sort(floors)
+	slices.Sort(ofFloor)
+	pr.MedianFloorRatio, pr.MedianOfFloor = median(floors), median(ofFloor)
 	pr.MedianRatio, pr.MinRatio, pr.MaxRatio = median(ratios), ratios[0], ratios[len(ratios)-1]
 	pr.MedianP99Ms = median(p99s)
 	pr.MeetsGoal = pr.MedianRatio >= paymentsGoal
@@ -257,6 +302,8 @@ func printPayments(pr *paymentsReport) {
 	}
 	fmt.Printf("payments/s ÷ pgbench -N TPS: %.3f× (%.3f–%.3f), goal %.2f× %s\n", pr.MedianRatio, pr.MinRatio, pr.MaxRatio, pr.Goal, mark(pr.MeetsGoal))
 	fmt.Printf("open loop at half the rate: p99 %.1f ms, goal ≤ %d ms %s\n", pr.MedianP99Ms, paymentsP99Goal.Milliseconds(), mark(pr.MeetsP99))
+	fmt.Printf("SQL floor (a payment's %d writes in %d transactions, run by pgbench; bench/README.md \"P1's SQL floor\"): %.3f× of pgbench -N; the service reaches %.2f× of the floor\n",
+		floorWrites, floorCommits, pr.MedianFloorRatio, pr.MedianOfFloor)
 }
 
 // quiesce writes out what earlier phases left dirty before a measured phase
