@@ -9,7 +9,6 @@ package main
 // Then an open loop at half the measured rate for the latency.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -595,33 +594,13 @@ func pgbenchN(ctx context.Context, url string, clients, secs int) (float64, erro
 // it ends, still count. Other databases' work on the server counts too: read
 // it on a quiet machine.
 func serverCPU() time.Duration {
-	dirs, _ := os.ReadDir("/proc")
-	var total int64
-	for _, d := range dirs {
-		pid := d.Name()
-		if pid[0] < '0' || pid[0] > '9' {
-			continue
-		}
-		comm, err := os.ReadFile("/proc/" + pid + "/comm")
-		if err != nil || strings.TrimSpace(string(comm)) != "postgres" {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + pid + "/stat")
-		if err != nil {
-			continue
-		}
-		// After the command's closing parenthesis: utime, stime, cutime and
-		// cstime are the 12th to 15th fields (clock ticks of 10 ms).
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) < 15 {
-			continue
-		}
-		for _, v := range f[11:15] {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			total += n
+	var total time.Duration
+	for _, p := range readProcs() {
+		if p.comm == "postgres" {
+			total += p.cpu
 		}
 	}
-	return time.Duration(total) * 10 * time.Millisecond
+	return total
 }
 
 // childCPU is the CPU time of the bench's exited child processes (pgbench).

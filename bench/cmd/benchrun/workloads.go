@@ -58,8 +58,23 @@ type extraReport struct {
 }
 
 type wlDuration struct {
-	Workload string  `json:"workload"`
-	Seconds  float64 `json:"seconds"`
+	Workload  string  `json:"workload"`
+	Seconds   float64 `json:"seconds"`
+	cpuShares         // who else used the machine meanwhile (machinecpu.go)
+}
+
+// timed runs f as workload name: its duration and the machine's CPU used by
+// others meanwhile go in rep.Timing, and are printed at once.
+func timed(rep *report, name string, f func() error) error {
+	start := sampleCPU()
+	if err := f(); err != nil {
+		return err
+	}
+	end := sampleCPU()
+	d := wlDuration{Workload: name, Seconds: end.at.Sub(start.at).Seconds(), cpuShares: end.sharesSince(start)}
+	rep.Timing = append(rep.Timing, d)
+	fmt.Printf("  %s: %s\n", strings.ToUpper(name), d.cpuShares)
+	return nil
 }
 
 type wlDataShape struct {
@@ -160,11 +175,9 @@ func runWorkloads(ctx context.Context, o options, rep *report, newDB func(string
 			continue
 		}
 		fmt.Printf("\n== %s\n", strings.ToUpper(w.name))
-		start := time.Now()
-		if err := w.run(ctx, e); err != nil {
+		if err := timed(rep, w.name, func() error { return w.run(ctx, e) }); err != nil {
 			return fmt.Errorf("%s: %w", w.name, err)
 		}
-		rep.Timing = append(rep.Timing, wlDuration{w.name, time.Since(start).Seconds()})
 		// Keep what is measured so far should a later workload fail.
 		if err := writeReport(rep, o); err != nil {
 			return err
@@ -189,6 +202,7 @@ func writeReport(rep *report, o options) error {
 
 func printWorkloads(rep *report) {
 	if len(rep.Results) == 0 {
+		printTiming(rep)
 		return
 	}
 	fmt.Printf("\nWorkloads (%s mode, commit %s, load average at start %v)\n", rep.Mode, rep.Commit, rep.Machine["loadavg"])
@@ -209,11 +223,15 @@ func printWorkloads(rep *report) {
 		fmt.Printf("%-3s %-52s %-34s %-10s %10s–%-10s %-6s %-30s %8s  %s\n", r.Workload, trunc(r.Metric, 52), trunc(r.System+" "+r.Config, 34),
 			fmtVal(r.Median), fmtVal(r.Min), fmtVal(r.Max), r.Unit, base, ratio, goal)
 	}
-	for _, t := range rep.Timing {
-		fmt.Printf("note: %s took %.0f s\n", strings.ToUpper(t.Workload), t.Seconds)
-	}
+	printTiming(rep)
 	for _, n := range rep.Extra {
 		fmt.Printf("note: %s: %s\n", strings.ToUpper(n.Workload), n.Note)
+	}
+}
+
+func printTiming(rep *report) {
+	for _, t := range rep.Timing {
+		fmt.Printf("note: %s took %.0f s; %s\n", strings.ToUpper(t.Workload), t.Seconds, t.cpuShares)
 	}
 }
 
