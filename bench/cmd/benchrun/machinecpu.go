@@ -7,9 +7,11 @@ package main
 // its peer's. The bench cannot stop that, but it can say so. Each workload's
 // note gives the share of the machine's CPU used by processes that are
 // neither the bench (its process and every process it started: relays,
-// consoles, pgbench) nor the PostgreSQL server, and the share the hypervisor
-// took (steal), and flags a workload where either was large enough to move
-// its figures.
+// consoles, pgbench) nor the PostgreSQL server nor the kernel, and the share
+// the hypervisor took (steal), and flags a workload where either was large
+// enough to move its figures. The kernel's share (its threads, interrupts
+// and soft interrupts: the disk's completions and write-back of the
+// workload's own pages, mostly) is given apart and not flagged.
 
 import (
 	"bytes"
@@ -29,21 +31,24 @@ const otherCPUFlag, stealCPUFlag = 0.10, 0.05
 // cpuSample is the machine's CPU time so far, split by whose it is.
 type cpuSample struct {
 	at       time.Time
-	busy     time.Duration // every CPU's non-idle time, steal excluded
+	busy     time.Duration // every CPU's time in processes (user, nice, system)
+	irq      time.Duration // in interrupts and soft interrupts
 	steal    time.Duration
 	postgres time.Duration
 	bench    time.Duration
+	kernel   time.Duration // kernel threads (kthreadd, pid 2, and its children)
 }
 
 // cpuShares is what a workload's span of time used, as shares of the
 // machine's capacity (elapsed time × CPUs).
 type cpuShares struct {
-	Other float64 `json:"other_cpu_share"`
-	Steal float64 `json:"steal_cpu_share"`
+	Other  float64 `json:"other_cpu_share"`
+	Kernel float64 `json:"kernel_cpu_share"`
+	Steal  float64 `json:"steal_cpu_share"`
 }
 
 func (s cpuShares) String() string {
-	t := fmt.Sprintf("other processes used %.0f %% of the machine's CPU, steal %.0f %%", 100*s.Other, 100*s.Steal)
+	t := fmt.Sprintf("other processes used %.0f %% of the machine's CPU, the kernel %.0f %%, steal %.0f %%", 100*s.Other, 100*s.Kernel, 100*s.Steal)
 	if s.Other > otherCPUFlag || s.Steal > stealCPUFlag {
 		t += " (enough to move this workload's figures: run it again on a quieter machine)"
 	}
@@ -54,7 +59,7 @@ func (s cpuShares) String() string {
 func sampleCPU() cpuSample {
 	s := cpuSample{at: time.Now()}
 	if b, err := os.ReadFile("/proc/stat"); err == nil {
-		s.busy, s.steal = machineTicks(b)
+		s.busy, s.irq, s.steal = machineTicks(b)
 	}
 	procs := readProcs()
 	self := os.Getpid()
@@ -64,6 +69,8 @@ func sampleCPU() cpuSample {
 			s.postgres += p.cpu
 		case descendsFrom(procs, pid, self):
 			s.bench += p.cpu
+		case descendsFrom(procs, pid, kthreadd):
+			s.kernel += p.cpu
 		}
 	}
 	return s
@@ -75,25 +82,30 @@ func (s cpuSample) sharesSince(a cpuSample) cpuShares {
 	if capacity <= 0 {
 		return cpuShares{}
 	}
-	other := (s.busy - a.busy) - (s.postgres - a.postgres) - (s.bench - a.bench)
-	return cpuShares{Other: max(float64(other), 0) / capacity, Steal: float64(s.steal-a.steal) / capacity}
+	kernel := (s.kernel - a.kernel) + (s.irq - a.irq)
+	other := (s.busy - a.busy) - (s.postgres - a.postgres) - (s.bench - a.bench) - (s.kernel - a.kernel)
+	return cpuShares{Other: max(float64(other), 0) / capacity, Kernel: float64(kernel) / capacity, Steal: float64(s.steal-a.steal) / capacity}
 }
+
+// kthreadd is the kernel threads' parent.
+const kthreadd = 2
 
 // machineTicks reads /proc/stat's first line (every CPU): user, nice,
 // system, idle, iowait, irq, softirq, steal, …, in clock ticks of 10 ms.
-// Busy is all but idle, iowait and steal (guest time is inside user).
-func machineTicks(stat []byte) (busy, steal time.Duration) {
+// Busy is user, nice and system (guest time is inside user), which the
+// processes' own times add up to; interrupts are no process's.
+func machineTicks(stat []byte) (busy, irq, steal time.Duration) {
 	line, _, _ := bytes.Cut(stat, []byte("\n"))
 	f := strings.Fields(string(line))
 	if len(f) < 9 || f[0] != "cpu" {
-		return 0, 0
+		return 0, 0, 0
 	}
 	n := make([]int64, 8)
 	for i := range n {
 		n[i], _ = strconv.ParseInt(f[i+1], 10, 64)
 	}
 	tick := 10 * time.Millisecond
-	return time.Duration(n[0]+n[1]+n[2]+n[5]+n[6]) * tick, time.Duration(n[7]) * tick
+	return time.Duration(n[0]+n[1]+n[2]) * tick, time.Duration(n[5]+n[6]) * tick, time.Duration(n[7]) * tick
 }
 
 // proc is one process as /proc/PID/stat gives it.

@@ -27,11 +27,11 @@ func TestParseProcStatCountsFromTheLastParenthesis(t *testing.T) {
 	}
 }
 
-func TestMachineTicksLeavesOutIdleIOWaitAndSteal(t *testing.T) {
+func TestMachineTicksSplitsProcessesInterruptsAndSteal(t *testing.T) {
 	stat := "cpu  100 5 40 9000 300 2 3 70 0 0\ncpu0 50 2 20 4500 150 1 1 35 0 0\n"
-	busy, steal := machineTicks([]byte(stat))
-	if busy != 150*10*time.Millisecond || steal != 70*10*time.Millisecond {
-		t.Fatalf("busy %v steal %v, want 1.5s (user, nice, system, irq, softirq) and 700ms", busy, steal)
+	busy, irq, steal := machineTicks([]byte(stat))
+	if busy != 1450*time.Millisecond || irq != 50*time.Millisecond || steal != 700*time.Millisecond {
+		t.Fatalf("busy %v irq %v steal %v, want 1.45s (user, nice, system), 50ms (irq, softirq) and 700ms; idle and iowait in none", busy, irq, steal)
 	}
 }
 
@@ -48,13 +48,13 @@ func TestDescendsFromFollowsParentsAndStopsOnACycle(t *testing.T) {
 // the machine's capacity over the span, and a flagged share says so.
 func TestSharesSinceAreTheOthersShareOfTheMachine(t *testing.T) {
 	t0 := time.Unix(1000, 0)
-	a := cpuSample{at: t0, busy: 10 * time.Second, steal: time.Second, postgres: 4 * time.Second, bench: 3 * time.Second}
+	a := cpuSample{at: t0, busy: 10 * time.Second, irq: time.Second, steal: time.Second, postgres: 4 * time.Second, bench: 3 * time.Second, kernel: time.Second}
 	capacity := 10 * time.Second * time.Duration(runtime.NumCPU())
-	b := cpuSample{at: t0.Add(10 * time.Second), busy: a.busy + capacity/2, steal: a.steal + capacity/100,
-		postgres: a.postgres + capacity/4, bench: a.bench + capacity/10}
+	b := cpuSample{at: t0.Add(10 * time.Second), busy: a.busy + capacity/2, irq: a.irq + capacity/20, steal: a.steal + capacity/100,
+		postgres: a.postgres + capacity/5, bench: a.bench + capacity/10, kernel: a.kernel + capacity/20}
 	s := b.sharesSince(a)
-	if !near(s.Other, 0.15) || !near(s.Steal, 0.01) {
-		t.Fatalf("shares %+v, want other 0.15 (0.5 busy − 0.25 server − 0.1 bench) and steal 0.01", s)
+	if !near(s.Other, 0.15) || !near(s.Kernel, 0.1) || !near(s.Steal, 0.01) {
+		t.Fatalf("shares %+v, want other 0.15 (0.5 busy − 0.2 server − 0.1 bench − 0.05 kernel threads), kernel 0.1 (threads and interrupts) and steal 0.01", s)
 	}
 	if got := s.String(); !strings.Contains(got, "15 %") || !strings.Contains(got, "quieter machine") {
 		t.Fatalf("String() = %q: want the share and the flag past %.0f %%", got, 100*otherCPUFlag)
