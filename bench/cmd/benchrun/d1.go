@@ -60,6 +60,11 @@ type d1Size struct {
 }
 
 func runD1(ctx context.Context, e *workloadEnv) error {
+	// Every set needs a pending event of its own behind each dead letter
+	// (d1Load): at most half of the 100k set's events are dead.
+	if d1Dead < 1 || d1Dead > 50000 {
+		return fmt.Errorf("-d1-dead %d: want 1 to 50,000 (each dead letter needs a pending event of its own in the 100k set)", d1Dead)
+	}
 	// 400 repetitions in both modes: a query takes a millisecond or less, and the
 	// p99 of 40 was the slowest one or two, i.e. the scheduler of a shared
 	// 2-core machine (first pages at 0.3–0.6 ms p50 read 0.5–4 ms at p99).

@@ -93,7 +93,7 @@ func main() {
 	flag.StringVar(&o.payTrace, "payments-trace", "", "P1: write the open loop's requests (ms after its start, latency in ms) to FILE-<run>.csv")
 	flag.StringVar(&o.r2Trace, "r2-trace", "", "R2: write each fixed-rate relay run's events (commit, ms after the loop's start; latency; the id's age at commit) and the relays' statements (start, duration, connection, statement) to FILE-<rate>-<run>.csv")
 	flag.StringVar(&o.r2Rates, "r2-rates", "500,1000,2000", "R2: the fixed rates, events/s (comma list)")
-	flag.IntVar(&d1Dead, "d1-dead", d1Dead, "D1: dead outbox events loaded (spread over up to 100,000 aggregates)")
+	flag.IntVar(&d1Dead, "d1-dead", d1Dead, "D1: dead outbox events loaded, 1 to 50,000, each alone in its aggregate with one pending event held behind it")
 	flag.IntVar(&o.d1Churn, "d1-churn", 0, "D1: events of the churn phase's topic published since the last vacuum (default 1,000,000; quick 200,000)")
 	flag.BoolVar(&o.r2Horizon, "r2-horizon", false, "R2: a transaction holds a snapshot open on the relay's database through each relay run (as a long report, a backup or a standby's feedback does): no dead row version is removable meanwhile, nor its index entries marked dead")
 	flag.BoolVar(&o.r2Held, "r2-held", false, "R2: before each relay run, a dead letter and an event of its aggregate held behind it at the head of the outbox (as whenever a dead letter waits for an operator), and autovacuum off on outbox_event (as on a large table between its visits: 20 % of its rows must be dead first); River has no counterpart")
