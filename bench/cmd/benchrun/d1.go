@@ -47,10 +47,10 @@ const (
 )
 
 // d1Dead is how many dead outbox events D1 loads (-d1-dead): 1,000 by
-// default, in 1,000 aggregates at 100k and 10M rows (250 at the quick
-// run's 500k), each with one pending event held behind it (d1Load);
-// more, to see the snapshot in an incident that dead-letters thousands of
-// aggregates (the held count's bound, bench/README "The held count, bounded").
+// default, each alone in its aggregate with one pending event held behind
+// it, at every size (d1Load); more, up to 50,000, to see the snapshot in an
+// incident that dead-letters thousands of aggregates (the held count's
+// bound, bench/README "The held count, bounded").
 var d1Dead = 1000
 
 type d1Size struct {
@@ -528,11 +528,11 @@ func d1Load(ctx context.Context, pool *pgxpool.Pool, sz d1Size) error {
 	// behind it. Event g's sequence is g. The pending events (the last ones)
 	// are in aggregates g mod pending, one each; the events before them in
 	// blocks of step (block k ends at event k·step), block k in aggregate
-	// k mod pending, its one dead letter last. (Aggregates g mod 100,000 at every size had left the
-	// 100k set with nothing held and the 500k one with four dead letters in
-	// each aggregate: the held count probed empty ranges in one set and
-	// four-row ones in the other, and the 500k set's snapshot read 1.7× the
-	// 100k one's on a fast machine for that alone.)
+	// k mod pending, its one dead letter last. (Aggregates g mod 100,000 at
+	// every size had left the 100k set with nothing held and the 500k one
+	// with four dead letters in each aggregate: the held count probed empty
+	// ranges in one set and four-row ones in the other, and the 500k set's
+	// snapshot read 1.7× the 100k one's on a fast machine for that alone.)
 	if err := withoutBacklogTriggers(ctx, pool, func() error {
 		return withIndexesDropped(ctx, pool, "outbox_event", `
 		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload,

@@ -495,9 +495,7 @@ func run(ctx context.Context, o options) error {
 		"bare (null sink) publishes nothing; bare (nats) sends the batch as async JetStream publishes and waits once for all acks",
 		"watermill: nats sink only, fewer rows (it is one message at a time)",
 		"process_cpu_seconds covers the whole bench process, the embedded NATS server included")
-	r1End := sampleCPU()
-	// R1's systems, with B1 and P1 when they run.
-	rep.Timing = append(rep.Timing, wlDuration{Workload: "r1", Seconds: r1End.at.Sub(r1Start.at).Seconds(), cpuShares: r1End.sharesSince(r1Start)})
+	addTiming(rep, "r1", r1Start) // R1's systems, with B1 and P1 when they run
 	printTable(rep)
 	return finish(rep, o)
 }

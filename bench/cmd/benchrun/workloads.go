@@ -63,18 +63,23 @@ type wlDuration struct {
 	cpuShares         // who else used the machine meanwhile (machinecpu.go)
 }
 
-// timed runs f as workload name: its duration and the machine's CPU used by
-// others meanwhile go in rep.Timing, and are printed at once.
+// timed runs f as workload name (see addTiming).
 func timed(rep *report, name string, f func() error) error {
 	start := sampleCPU()
 	if err := f(); err != nil {
 		return err
 	}
+	addTiming(rep, name, start)
+	return nil
+}
+
+// addTiming puts workload name's time since start, and the machine's CPU
+// used by others meanwhile, in rep.Timing, and prints them at once.
+func addTiming(rep *report, name string, start cpuSample) {
 	end := sampleCPU()
 	d := wlDuration{Workload: name, Seconds: end.at.Sub(start.at).Seconds(), cpuShares: end.sharesSince(start)}
 	rep.Timing = append(rep.Timing, d)
 	fmt.Printf("  %s: %s\n", strings.ToUpper(name), d.cpuShares)
-	return nil
 }
 
 type wlDataShape struct {
