@@ -39,6 +39,11 @@ type Message struct {
 	// shard (the JetStream stream sequence), increasing; 0 when the broker
 	// has none. Consumers store it with their effects to resume exactly.
 	Position uint64
+	// Epoch names the sequence Position counts in (JetStream: the stream's
+	// creation time; "" when the broker has none). A stream deleted and
+	// created again counts from 1 again, so a position means nothing
+	// without its epoch: consumers store both.
+	Epoch string
 	// Replay is how many times an operator asked for this event again (0:
 	// its first publish). A replay keeps ID (an inbox that remembers the
 	// event absorbs it) but is a new broker message: an adapter whose broker
@@ -133,9 +138,13 @@ type ShardSubscription struct {
 	Shard    int    // in [0, Shards)
 	Batch    int    // most messages per BatchHandler call (default 500)
 	// After is the position of the last message the consumer committed (0:
-	// none); the subscription starts right after it. Adapters without
-	// positions (RabbitMQ) ignore it.
+	// none); the subscription starts right after it, unless Epoch names
+	// another epoch than the broker's now (the stream was created again
+	// since): then it starts at the beginning. Epoch "" is a position stored
+	// before epochs were (trusted while it is within the stream). Adapters
+	// without positions (RabbitMQ) ignore both.
 	After uint64
+	Epoch string
 }
 
 // ShardSubscriber reads one shard's messages in order and hands them to h
@@ -166,14 +175,16 @@ type Options struct {
 	// delivered message's ack before it delivers it again: after a consumer
 	// crash, its unacknowledged message comes back after this long.
 	AckWait time.Duration
-	// MaxConsumeFailures (RabbitMQ only; default 10) is how many times in a
-	// row Subscribe may fail to consume (connection refused, channel closed,
-	// queue declaration refused) before it gives up and returns the last
-	// error. It waits between tries, 500ms doubling to 30s, so the default
-	// rides out about two minutes of outage. Negative: never give up.
+	// MaxConsumeFailures (default 10, DefaultMaxConsumeFailures) is how
+	// many times in a row Subscribe may fail to consume (RabbitMQ: connection
+	// refused, channel closed, queue declaration refused; JetStream: the
+	// consumer or its stream deleted) before it gives up and returns the
+	// last error. It waits between tries, 500ms doubling to 30s
+	// (RetryConsume), so the default rides out about two minutes of
+	// outage. Negative: never give up.
 	MaxConsumeFailures int
-	// Logger receives what an adapter cannot return (RabbitMQ's consume
-	// failures it retries); nil: slog.Default(). Never a payload.
+	// Logger receives what an adapter cannot return (the consume failures
+	// Subscribe retries); nil: slog.Default(). Never a payload.
 	Logger *slog.Logger
 }
 

@@ -64,10 +64,12 @@ func RecordBatchEffect(consumer string) BatchEffect {
 type BatchCounts struct{ Applied, Duplicates, Stale int }
 
 // ShardPosition is where a shard's reader stands: the broker position
-// (broker.Message.Position) of the last message it committed.
+// (broker.Message.Position) of the last message it committed, and the
+// epoch that position counts in (broker.Message.Epoch).
 type ShardPosition struct {
 	Shards, Shard int
 	At            uint64
+	Epoch         string
 }
 
 // ErrShardTaken reports a batch whose shard position moved since its reader
@@ -81,9 +83,10 @@ var ErrShardTaken = errors.New("inbox: the shard's position moved: another reade
 // sequence not above the highest already applied for their aggregate,
 // counting the batch's own earlier messages), the counters, and — when pos
 // is given and the messages carry broker positions — the shard's new
-// position, moved only from pos.At (compare-and-set; ErrShardTaken
-// otherwise). Either all of it commits or none of it does, so a failed batch
-// can be read again whole. On success pos.At is the batch's last position.
+// position and its epoch, moved only from pos.At and pos.Epoch
+// (compare-and-set; ErrShardTaken otherwise). Either all of it commits or
+// none of it does, so a failed batch can be read again whole. On success
+// pos is the batch's last position.
 func (in *Inbox) HandleBatch(ctx context.Context, consumer string, pos *ShardPosition, msgs []broker.Message, effect BatchEffect) (BatchCounts, error) {
 	if consumer == "" {
 		return BatchCounts{}, ErrInvalid
@@ -93,9 +96,10 @@ func (in *Inbox) HandleBatch(ctx context.Context, consumer string, pos *ShardPos
 			return BatchCounts{}, ErrInvalid
 		}
 	}
-	var newPos uint64
+	var newPos ShardPosition
 	if pos != nil && len(msgs) > 0 {
-		newPos = msgs[len(msgs)-1].Position
+		last := msgs[len(msgs)-1]
+		newPos = ShardPosition{Shards: pos.Shards, Shard: pos.Shard, At: last.Position, Epoch: last.Epoch}
 	}
 	// A replay an operator sent to another consumer is not ours to apply
 	// (on NATS every consumer's shard reader receives it); the position
@@ -109,8 +113,8 @@ func (in *Inbox) HandleBatch(ctx context.Context, consumer string, pos *ShardPos
 	if err != nil {
 		return BatchCounts{}, err
 	}
-	if pos != nil && newPos > 0 {
-		pos.At = newPos
+	if pos != nil && newPos.At > 0 {
+		*pos = newPos
 	}
 	if counts.Applied > 0 {
 		in.m.processed.WithLabelValues(consumer).Add(float64(counts.Applied))
@@ -127,7 +131,7 @@ func (in *Inbox) HandleBatch(ctx context.Context, consumer string, pos *ShardPos
 
 type aggKey struct{ typ, id string }
 
-func (in *Inbox) handleBatchTx(ctx context.Context, tx pgx.Tx, consumer string, pos *ShardPosition, newPos uint64, msgs []broker.Message, effect BatchEffect) (BatchCounts, error) {
+func (in *Inbox) handleBatchTx(ctx context.Context, tx pgx.Tx, consumer string, pos *ShardPosition, newPos ShardPosition, msgs []broker.Message, effect BatchEffect) (BatchCounts, error) {
 	var c BatchCounts
 	// Duplicates inside the batch (a relay's republish that JetStream's
 	// window let through lands right behind the first copy).
@@ -264,11 +268,13 @@ func (in *Inbox) handleBatchTx(ctx context.Context, tx pgx.Tx, consumer string, 
 			return c, fmt.Errorf("inbox: count duplicates: %w", err)
 		}
 	}
-	if pos != nil && newPos > 0 {
+	if pos != nil && newPos.At > 0 {
+		// A new epoch may bring the position down (the stream counts from
+		// 1 again); within one it only moves forward.
 		tag, err := tx.Exec(ctx, `
-			UPDATE inbox_shard_position SET position = $5, updated_at = now()
-			 WHERE consumer = $1 AND shards = $2 AND shard = $3 AND position = $4`,
-			consumer, pos.Shards, pos.Shard, int64(pos.At), int64(newPos))
+			UPDATE inbox_shard_position SET position = $6, epoch = $7, updated_at = now()
+			 WHERE consumer = $1 AND shards = $2 AND shard = $3 AND position = $4 AND epoch = $5`,
+			consumer, pos.Shards, pos.Shard, int64(pos.At), pos.Epoch, int64(newPos.At), newPos.Epoch)
 		if err != nil {
 			return c, fmt.Errorf("inbox: move shard position: %w", err)
 		}
@@ -294,8 +300,8 @@ func (in *Inbox) ReadShardPosition(ctx context.Context, consumer string, shards,
 			ON CONFLICT DO NOTHING`, consumer, shards, shard); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `SELECT position FROM inbox_shard_position WHERE consumer = $1 AND shards = $2 AND shard = $3`,
-			consumer, shards, shard).Scan(&at)
+		return tx.QueryRow(ctx, `SELECT position, epoch FROM inbox_shard_position WHERE consumer = $1 AND shards = $2 AND shard = $3`,
+			consumer, shards, shard).Scan(&at, &p.Epoch)
 	})
 	if err != nil {
 		return p, fmt.Errorf("inbox: read position of shard %d/%d: %w", shard, shards, err)

@@ -259,9 +259,9 @@ func (c *ShardedConsumer) runShard(ctx context.Context, sub broker.ShardSubscrib
 	for ctx.Err() == nil {
 		pos, err := c.Inbox.ReadShardPosition(ctx, c.Name, c.Shards, shard)
 		if err == nil {
-			log.Debug("inbox: shard started", "after", pos.At)
+			log.Debug("inbox: shard started", "after", pos.At, "epoch", pos.Epoch)
 			err = sub.SubscribeShard(ctx, broker.ShardSubscription{
-				Consumer: c.Name, Shards: c.Shards, Shard: shard, Batch: size, After: pos.At,
+				Consumer: c.Name, Shards: c.Shards, Shard: shard, Batch: size, After: pos.At, Epoch: pos.Epoch,
 			}, func(ctx context.Context, batch []broker.Message) error {
 				spans := c.startSpans(ctx, batch)
 				n, err := c.Inbox.HandleBatch(ctx, c.Name, &pos, batch, effect)

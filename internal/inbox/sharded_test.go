@@ -99,6 +99,36 @@ func TestHandleBatchDedupesAndDropsStaleInOneTransaction(t *testing.T) {
 	}
 }
 
+// A position counts in its epoch: a batch of a new epoch (the stream created
+// again) stores its lower position with that epoch, and a reader that
+// started from the old epoch's position cannot commit after it.
+func TestHandleBatchStoresTheEpoch(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	in := inbox.New(pool)
+	pos, err := in.ReadShardPosition(ctx, "c", 2, 0)
+	if err != nil || pos.At != 0 || pos.Epoch != "" {
+		t.Fatalf("fresh position %+v (%v)", pos, err)
+	}
+	withEpoch := func(m broker.Message, epoch string) broker.Message { m.Epoch = epoch; return m }
+	if _, err := in.HandleBatch(ctx, "c", &pos, []broker.Message{withEpoch(msg("a1", "a", 1, 40), "e1")}, inbox.RecordBatchEffect("c")); err != nil ||
+		pos != (inbox.ShardPosition{Shards: 2, Shard: 0, At: 40, Epoch: "e1"}) {
+		t.Fatalf("first batch: position %+v (%v)", pos, err)
+	}
+	old := pos
+	if _, err := in.HandleBatch(ctx, "c", &pos, []broker.Message{withEpoch(msg("a2", "a", 2, 3), "e2")}, inbox.RecordBatchEffect("c")); err != nil ||
+		pos != (inbox.ShardPosition{Shards: 2, Shard: 0, At: 3, Epoch: "e2"}) {
+		t.Fatalf("a batch of a new epoch: position %+v (%v), want 3 in e2", pos, err)
+	}
+	if _, err := in.HandleBatch(ctx, "c", &old, []broker.Message{withEpoch(msg("a3", "a", 3, 41), "e1")}, inbox.RecordBatchEffect("c")); !errors.Is(err, inbox.ErrShardTaken) {
+		t.Fatalf("a reader still at the old epoch's position: %v, want ErrShardTaken", err)
+	}
+	if p, err := in.ReadShardPosition(ctx, "c", 2, 0); err != nil || p != pos {
+		t.Fatalf("stored %+v (%v), want %+v", p, err, pos)
+	}
+}
+
 // A failing effect commits nothing of its batch: no inbox row, no position.
 func TestHandleBatchFailureCommitsNothing(t *testing.T) {
 	t.Parallel()

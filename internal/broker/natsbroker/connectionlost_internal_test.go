@@ -109,10 +109,10 @@ func TestPublishErrorOnALiveClientTellsTheConnectionFromThePublish(t *testing.T)
 	if !n.nc.IsConnected() {
 		t.Fatal("the client is not connected to a running server")
 	}
-	if err := n.publishError("subject", brokenPipe(t)); !errors.Is(err, broker.ErrUnavailable) {
+	if err := n.publishError(context.Background(), "subject", brokenPipe(t)); !errors.Is(err, broker.ErrUnavailable) {
 		t.Fatalf("a broken pipe on a client that counts itself connected: %v, want ErrUnavailable", err)
 	}
-	if err := n.publishError("subject", nats.ErrTimeout); errors.Is(err, broker.ErrUnavailable) {
+	if err := n.publishError(context.Background(), "subject", nats.ErrTimeout); errors.Is(err, broker.ErrUnavailable) {
 		t.Fatalf("an ack timeout on a live connection: %v, want a failed publish", err)
 	}
 }

@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -27,6 +29,14 @@ type JetStream struct {
 	prefix  string // subject prefix: subjects are prefix.topic
 	stream  string
 	ackWait time.Duration
+	// Subscribe's retries (broker.RetryConsume).
+	maxFailures int
+	log         *slog.Logger
+
+	// recreated is when a publish that found no stream last created it
+	// again (recreateStream); guarded by recreateMu.
+	recreateMu sync.Mutex
+	recreated  time.Time
 }
 
 // Open connects to a NATS server with JetStream and creates the stream
@@ -50,20 +60,30 @@ func Open(ctx context.Context, rawURL string, opts broker.Options) (*JetStream, 
 		nc.Close()
 		return nil, fmt.Errorf("broker: JetStream: %w", err)
 	}
-	n := &JetStream{nc: nc, js: js, prefix: ns, stream: strings.ToUpper(strings.ReplaceAll(ns, "-", "_")), ackWait: 30 * time.Second}
+	n := &JetStream{nc: nc, js: js, prefix: ns, stream: strings.ToUpper(strings.ReplaceAll(ns, "-", "_")), ackWait: 30 * time.Second,
+		maxFailures: opts.MaxConsumeFailures, log: opts.Logger}
 	if opts.AckWait > 0 {
 		n.ackWait = opts.AckWait
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:       n.stream,
-		Subjects:   []string{ns + ".>"},
-		Storage:    jetstream.FileStorage,
-		Duplicates: 2 * time.Minute,
-	}); err != nil {
+	if n.log == nil {
+		n.log = slog.Default()
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, n.streamConfig()); err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("broker: create stream %s: %w", n.stream, err)
 	}
 	return n, nil
+}
+
+// streamConfig is the stream Open creates, and a publish that finds it
+// gone creates again (recreateStream).
+func (n *JetStream) streamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:       n.stream,
+		Subjects:   []string{n.prefix + ".>"},
+		Storage:    jetstream.FileStorage,
+		Duplicates: 2 * time.Minute,
+	}
 }
 
 // Stream is the JetStream stream name.
@@ -87,7 +107,7 @@ func (n *JetStream) ShardFilter(shards, shard int) string {
 func (n *JetStream) Publish(ctx context.Context, msg broker.Message) error {
 	m := n.natsMsg(msg)
 	if _, err := n.js.PublishMsg(ctx, m); err != nil {
-		return n.publishError(m.Subject, err)
+		return n.publishError(ctx, m.Subject, err)
 	}
 	return nil
 }
@@ -108,7 +128,7 @@ func (n *JetStream) PublishBatch(ctx context.Context, msgs []broker.Message) []e
 		subjects[i] = m.Subject
 		f, err := n.js.PublishMsgAsync(m)
 		if err != nil {
-			errs[i] = n.publishError(m.Subject, err)
+			errs[i] = n.publishError(ctx, m.Subject, err)
 			continue
 		}
 		futs[i] = f
@@ -120,22 +140,69 @@ func (n *JetStream) PublishBatch(ctx context.Context, msgs []broker.Message) []e
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			errs[i] = n.publishError(subjects[i], err)
+			errs[i] = n.publishError(ctx, subjects[i], err)
 		case <-ctx.Done():
-			errs[i] = n.publishError(subjects[i], ctx.Err())
+			errs[i] = n.publishError(ctx, subjects[i], ctx.Err())
 		}
 	}
 	return errs
 }
 
-func (n *JetStream) publishError(subject string, err error) error {
+// publishError classifies a failed publish: broker.ErrUnavailable when the
+// broker could not take any message (the connection, or no stream to store
+// it), a failure of this message otherwise.
+//
+// No stream answering (the client's "no responders", after its own two
+// retries) means no stream holds the subject: the stream was deleted while
+// the relay ran, or JetStream is not running on the server (disabled, out of
+// storage, a cluster without a meta leader). Nothing was stored, and nothing
+// about the message caused it: counted as the message's failure, it spent an
+// attempt of every event the relay tried and dead-lettered them all once
+// their attempts ran out, each aggregate's later events then overtaking the
+// dead head. As ErrUnavailable the relay gives them back and pauses, the
+// backlog and its age grow on the dashboard, and the stream is created again
+// (recreateStream), as a restarted relay would.
+func (n *JetStream) publishError(ctx context.Context, subject string, err error) error {
 	if !n.nc.IsConnected() {
 		return fmt.Errorf("%w: publish to %s while disconnected: %w", broker.ErrUnavailable, subject, err)
 	}
 	if connectionLost(err) {
 		return fmt.Errorf("%w: publish to %s: the connection failed: %w", broker.ErrUnavailable, subject, err)
 	}
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("%w: publish to %s: no JetStream stream answered (stream %s deleted, or JetStream not running on the server)%s: %w",
+			broker.ErrUnavailable, subject, n.stream, n.recreateStream(ctx), err)
+	}
 	return fmt.Errorf("broker: publish to %s: %w", subject, err)
+}
+
+// recreateInterval is how often at most a publisher creates its stream
+// again: a batch of 500 that meets a missing stream tries once, not 500
+// times, and a server whose JetStream is down is asked once per interval.
+const recreateInterval = 5 * time.Second
+
+// recreateStream creates the stream again after a publish found none, at
+// most once per recreateInterval, and says what happened for the publish's
+// error. It only creates: a stream that exists again (another relay was
+// first) is left as it is.
+func (n *JetStream) recreateStream(ctx context.Context) string {
+	n.recreateMu.Lock()
+	defer n.recreateMu.Unlock()
+	if !n.recreated.IsZero() && time.Since(n.recreated) < recreateInterval {
+		return ""
+	}
+	n.recreated = time.Now()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, err := n.js.CreateStream(cctx, n.streamConfig())
+	switch {
+	case err == nil:
+		return "; the stream has been created again"
+	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
+		return "; the stream exists again"
+	default:
+		return "; creating the stream again failed: " + err.Error()
+	}
 }
 
 // connectionLost says whether a publish failed on the connection itself: a
@@ -198,11 +265,25 @@ func (n *JetStream) natsMsg(msg broker.Message) *nats.Msg {
 }
 
 // Subscribe consumes on a durable pull consumer named consumer, one message
-// at a time so per-aggregate order is kept, until ctx ends.
+// at a time so per-aggregate order is kept, until ctx ends. The client
+// rides out a lost connection on its own; a session the server ends (the
+// consumer or the stream deleted under it) is started again like
+// RabbitMQ's (broker.RetryConsume: logged, paused, given up after
+// Options.MaxConsumeFailures in a row), the durable consumer and, if need
+// be, the stream created again. A consumer created again starts at the
+// stream's first message: the inbox drops what it already applied.
 func (n *JetStream) Subscribe(ctx context.Context, consumer string, h broker.Handler) error {
 	if err := broker.ValidateConsumer(consumer); err != nil {
 		return err
 	}
+	return broker.RetryConsume(ctx, n.log, n.maxFailures, "JetStream", "consumer", consumer, func(ctx context.Context) (bool, error) {
+		return n.consume(ctx, consumer, h)
+	})
+}
+
+// consume is one session of Subscribe: consumed once the durable consumer
+// exists and its messages are read.
+func (n *JetStream) consume(ctx context.Context, consumer string, h broker.Handler) (consumed bool, err error) {
 	cons, err := n.js.CreateOrUpdateConsumer(ctx, n.stream, jetstream.ConsumerConfig{
 		Durable:       consumer,
 		AckPolicy:     jetstream.AckExplicitPolicy,
@@ -215,14 +296,17 @@ func (n *JetStream) Subscribe(ctx context.Context, consumer string, h broker.Han
 		// the inbox would drop them as stale: lost effects.
 		MaxAckPending: 1,
 	})
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false, fmt.Errorf("broker: create consumer %s: %w%s", consumer, err, n.recreateStream(ctx))
+	}
 	if err != nil {
-		return fmt.Errorf("broker: create consumer %s: %w", consumer, err)
+		return false, fmt.Errorf("broker: create consumer %s: %w", consumer, err)
 	}
 	// The pull asks for a few, but MaxAckPending lets the server hand out
 	// one at a time.
 	it, err := cons.Messages(jetstream.PullMaxMessages(64))
 	if err != nil {
-		return fmt.Errorf("broker: consume %s: %w", consumer, err)
+		return false, fmt.Errorf("broker: consume %s: %w", consumer, err)
 	}
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
@@ -231,9 +315,9 @@ func (n *JetStream) Subscribe(ctx context.Context, consumer string, h broker.Han
 		jm, err := it.Next()
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return nil
+				return true, nil
 			}
-			return fmt.Errorf("broker: next message: %w", err)
+			return true, fmt.Errorf("broker: next message: %w", err)
 		}
 		msg := fromNATS(jm)
 		if msg.ReplayTo != "" && msg.ReplayTo != consumer {
@@ -307,6 +391,17 @@ func fromNATS(jm jetstream.Msg) broker.Message {
 // after the last committed batch, and a batch that was read but not
 // committed (crash, cut connection, failed effect) is simply read again,
 // in order. It returns h's error, or nil once ctx ends.
+//
+// Positions count in the stream's epoch (its creation time, each message's
+// Epoch). A stream deleted and created again counts from 1 again, and the
+// ordered consumer, recreated after the deletion, would go on at its last
+// sequence + 1 in the new stream, silently skipping that many messages. So
+// a position of another epoch starts at the beginning, and whenever the
+// ordered consumer has been (re)created — its own sequence starts again —
+// the stream's epoch is read again before the batch is handed over: a new
+// epoch ends the subscription (errStreamCreatedAgain), unhandled, and the
+// caller starts again from its stored position, which is then of another
+// epoch.
 func (n *JetStream) SubscribeShard(ctx context.Context, s broker.ShardSubscription, h broker.BatchHandler) error {
 	if err := broker.ValidateConsumer(s.Consumer); err != nil {
 		return err
@@ -318,14 +413,24 @@ func (n *JetStream) SubscribeShard(ctx context.Context, s broker.ShardSubscripti
 	if size <= 0 {
 		size = 500
 	}
+	epoch, last, err := n.streamEpoch(ctx)
+	if err != nil {
+		return fmt.Errorf("broker: shard %d/%d of %s: %w", s.Shard, s.Shards, s.Consumer, err)
+	}
+	after := s.After
+	if after > 0 && (s.Epoch != "" && s.Epoch != epoch || s.Epoch == "" && after > last) {
+		n.log.Warn("broker: the stream was created again since the shard's stored position; reading the shard from the stream's first message",
+			"stream", n.stream, "consumer", s.Consumer, "shard", s.Shard, "shards", s.Shards, "position", after, "position_epoch", s.Epoch, "epoch", epoch)
+		after = 0
+	}
 	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects:    []string{n.ShardFilter(s.Shards, s.Shard)},
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		InactiveThreshold: time.Minute,
 	}
-	if s.After > 0 {
+	if after > 0 {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = s.After + 1
+		cfg.OptStartSeq = after + 1
 	}
 	cons, err := n.js.OrderedConsumer(ctx, n.stream, cfg)
 	if err != nil {
@@ -343,11 +448,15 @@ func (n *JetStream) SubscribeShard(ctx context.Context, s broker.ShardSubscripti
 	type next struct {
 		msg broker.Message
 		err error
+		// fresh: the first message of an ordered consumer the client has
+		// (re)created (its sequence started again).
+		fresh bool
 	}
 	arrived := make(chan next, 2*size)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		var consumerSeq uint64
 		for {
 			jm, err := it.Next()
 			if err != nil {
@@ -358,11 +467,15 @@ func (n *JetStream) SubscribeShard(ctx context.Context, s broker.ShardSubscripti
 				return
 			}
 			msg := fromNATS(jm)
+			msg.Epoch = epoch
+			fresh := true // without metadata, check every time
 			if md, err := jm.Metadata(); err == nil {
 				msg.Position = md.Sequence.Stream
+				fresh = md.Sequence.Consumer <= consumerSeq || consumerSeq == 0
+				consumerSeq = md.Sequence.Consumer
 			}
 			select {
-			case arrived <- next{msg: msg}:
+			case arrived <- next{msg: msg, fresh: fresh}:
 			case <-rctx.Done():
 				return
 			}
@@ -370,6 +483,8 @@ func (n *JetStream) SubscribeShard(ctx context.Context, s broker.ShardSubscripti
 	}()
 	defer func() { cancel(); it.Stop(); <-done }()
 	batch := make([]broker.Message, 0, size)
+	idle := time.NewTimer(epochCheckIdle)
+	defer idle.Stop()
 	var readErr error // the reader's last word, after the messages before it
 	for {
 		if readErr != nil {
@@ -379,15 +494,24 @@ func (n *JetStream) SubscribeShard(ctx context.Context, s broker.ShardSubscripti
 			return fmt.Errorf("broker: shard %d/%d of %s: next message: %w", s.Shard, s.Shards, s.Consumer, readErr)
 		}
 		batch = batch[:0]
+		verify := false
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-idle.C:
+			// Nothing arrived for a while: a stream created again shorter
+			// than the deleted one would keep the reader waiting past its
+			// end without a word.
+			if err := n.sameEpoch(ctx, s, epoch); err != nil {
+				return err
+			}
+			continue
 		case nx := <-arrived:
 			if nx.err != nil {
 				readErr = nx.err
 				continue
 			}
-			batch = append(batch, nx.msg)
+			batch, verify = append(batch, nx.msg), nx.fresh
 		}
 	fill:
 		for len(batch) < size {
@@ -397,15 +521,54 @@ func (n *JetStream) SubscribeShard(ctx context.Context, s broker.ShardSubscripti
 					readErr = nx.err
 					break fill
 				}
-				batch = append(batch, nx.msg)
+				batch, verify = append(batch, nx.msg), verify || nx.fresh
 			default:
 				break fill
+			}
+		}
+		if verify {
+			// Read after the messages arrived: a stream created again
+			// before they were sent shows here.
+			if err := n.sameEpoch(ctx, s, epoch); err != nil {
+				return err
 			}
 		}
 		if err := h(ctx, batch); err != nil {
 			return err
 		}
+		idle.Reset(epochCheckIdle)
 	}
+}
+
+// errStreamCreatedAgain ends a shard's subscription whose stream was
+// deleted and created again under it: its positions count anew.
+var errStreamCreatedAgain = errors.New("the stream was created again: positions count from 1 again")
+
+// epochCheckIdle is how long a shard reader waits without a message before
+// it reads the stream's epoch again.
+const epochCheckIdle = 5 * time.Second
+
+// sameEpoch is nil while the stream's epoch is still epoch, and
+// errStreamCreatedAgain once it is not.
+func (n *JetStream) sameEpoch(ctx context.Context, s broker.ShardSubscription, epoch string) error {
+	now, _, err := n.streamEpoch(ctx)
+	if err == nil && now != epoch {
+		err = fmt.Errorf("%w (epoch %s, now %s)", errStreamCreatedAgain, epoch, now)
+	}
+	if err != nil {
+		return fmt.Errorf("broker: shard %d/%d of %s: %w", s.Shard, s.Shards, s.Consumer, err)
+	}
+	return nil
+}
+
+// streamEpoch is the stream's epoch (its creation time) and last sequence.
+func (n *JetStream) streamEpoch(ctx context.Context) (epoch string, last uint64, err error) {
+	st, err := n.js.Stream(ctx, n.stream)
+	if err != nil {
+		return "", 0, fmt.Errorf("read stream %s: %w", n.stream, err)
+	}
+	info := st.CachedInfo()
+	return info.Created.UTC().Format(time.RFC3339Nano), info.State.LastSeq, nil
 }
 
 // Close drains nothing: the publisher waits for acks, so there is nothing

@@ -3,6 +3,8 @@ package natsbroker_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -349,5 +351,243 @@ func TestShardedSubjectsAndSubscribeShard(t *testing.T) {
 	}
 	if first.Topic != "invoice.issued" {
 		t.Fatalf("unsharded reader saw topic %q", first.Topic)
+	}
+}
+
+// deleteStream deletes b's stream behind its back, as an operator (or a
+// JetStream cluster losing it) would while relays run.
+func deleteStream(t *testing.T, url string, b *natsbroker.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(context.Background(), b.Stream()); err != nil {
+		t.Fatalf("delete stream %s: %v", b.Stream(), err)
+	}
+}
+
+// streamMsgs is how many messages b's stream holds.
+func streamMsgs(t *testing.T, url string, b *natsbroker.JetStream) uint64 {
+	t.Helper()
+	ctx := context.Background()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	st, err := js.Stream(ctx, b.Stream())
+	if err != nil {
+		t.Fatalf("stream %s: %v", b.Stream(), err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// A publish that finds no stream (deleted while the relay ran) is not the
+// message's failure: it is broker.ErrUnavailable, so the relay spends no
+// attempt and dead-letters nothing, its error names the stream, and the
+// publisher creates the stream again, so the next publish is stored. A
+// batch meeting the missing stream fails whole as ErrUnavailable and
+// creates the stream once.
+func TestPublishToADeletedStreamIsUnavailableAndRecreatesIt(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	ctx := context.Background()
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	msgs := brokertest.Messages(4, 1)
+	if err := b.Publish(ctx, msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	deleteStream(t, srv.ClientURL(), b)
+	err := b.Publish(ctx, msgs[1])
+	if !errors.Is(err, broker.ErrUnavailable) || !strings.Contains(err.Error(), b.Stream()) ||
+		!strings.Contains(err.Error(), "created again") {
+		t.Fatalf("publish with the stream deleted: %v, want ErrUnavailable naming stream %s, created again", err, b.Stream())
+	}
+	if err := b.Publish(ctx, msgs[1]); err != nil {
+		t.Fatalf("publish after the stream was created again: %v", err)
+	}
+	if n := streamMsgs(t, srv.ClientURL(), b); n != 1 {
+		t.Fatalf("the recreated stream holds %d messages, want the 1 published since", n)
+	}
+
+	// The batch path, after the publisher's last recreation: the missing
+	// stream fails every message as ErrUnavailable.
+	deleteStream(t, srv.ClientURL(), b)
+	batch := brokertest.Messages(20, 20)
+	for i, err := range b.PublishBatch(ctx, batch) {
+		if !errors.Is(err, broker.ErrUnavailable) {
+			t.Fatalf("message %d of a batch with the stream deleted: %v, want ErrUnavailable", i, err)
+		}
+	}
+}
+
+// A subscriber whose stream is deleted under it (its durable consumer goes
+// with the stream) does not stop: it starts a new session once the stream is
+// back, and reads what is published there, in order.
+func TestSubscribeOutlivesADeletedStream(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	msgs := brokertest.Messages(10, 1)
+	got := make(chan broker.Message, len(msgs))
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Subscribe(ctx, "reader", func(_ context.Context, m broker.Message) error {
+			got <- m
+			return nil
+		})
+	}()
+	if err := b.Publish(ctx, msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if m := <-got; m.ID != msgs[0].ID {
+		t.Fatalf("first message %s, want %s", m.ID, msgs[0].ID)
+	}
+
+	deleteStream(t, srv.ClientURL(), b)
+	for _, m := range msgs[1:] {
+		err := b.Publish(ctx, m)
+		if errors.Is(err, broker.ErrUnavailable) { // the first one finds no stream and creates it
+			err = b.Publish(ctx, m)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, want := range msgs[1:] {
+		select {
+		case m := <-got:
+			if m.ID != want.ID {
+				t.Fatalf("after the stream was deleted: got %s, want %s (order lost)", m.ID, want.ID)
+			}
+		case err := <-done:
+			t.Fatalf("Subscribe returned when its stream was deleted: %v", err)
+		case <-ctx.Done():
+			t.Fatalf("message %s never arrived after the stream was deleted", want.ID)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Subscribe at the end: %v", err)
+	}
+}
+
+// A shard's position counts in its stream's epoch: every message carries
+// it, it survives a server restart (a restart must not send readers back
+// to the start), a position of another epoch — or, stored before epochs
+// were, beyond the stream's end — starts at the beginning, and a reader
+// whose stream is deleted and created again under it stops with the new
+// epoch rather than go on at its old sequence in the new stream.
+func TestShardReaderAfterTheStreamIsCreatedAgain(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	srv, err := natsembedded.Start(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := srv.Port()
+	defer func() { srv.Shutdown() }()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	publish := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			m := broker.Message{ID: "id-" + strconv.Itoa(i), Topic: "t", AggregateType: "a", AggregateID: "x", AggregateSeq: int64(i + 1),
+				EventType: "t.v1", Payload: []byte(`{}`), Shards: 1}
+			// Again after a failure: the client reconnecting after a
+			// restart (a request sent meanwhile times out), or the stream
+			// found missing (and created again).
+			for try := 0; ; try++ {
+				pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+				err := b.Publish(pctx, m)
+				pcancel()
+				if err == nil {
+					break
+				}
+				if try == 20 {
+					t.Fatal(err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+	// read reads n messages from after/epoch, or returns early with the
+	// subscription's error.
+	read := func(after uint64, epoch string, n int) ([]broker.Message, error) {
+		var got []broker.Message
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		err := b.SubscribeShard(sctx, broker.ShardSubscription{Consumer: "c", Shards: 1, After: after, Epoch: epoch},
+			func(_ context.Context, batch []broker.Message) error {
+				got = append(got, batch...)
+				if len(got) >= n {
+					stop()
+				}
+				return nil
+			})
+		return got, err
+	}
+	publish(0, 10)
+	got, err := read(0, "", 10)
+	if err != nil || len(got) != 10 || got[9].Position != 10 || got[0].Epoch == "" || got[9].Epoch != got[0].Epoch {
+		t.Fatalf("first read: %d messages, %v; want 10 to position 10 with one epoch: %+v", len(got), err, got)
+	}
+	epoch := got[0].Epoch
+
+	srv.Shutdown()
+	if srv, err = natsembedded.StartAt(dir, port); err != nil {
+		t.Fatal(err)
+	}
+	publish(10, 12) // waits for the client to reconnect
+	if got, err = read(10, epoch, 2); err != nil || len(got) < 2 || got[0].Position != 11 || got[0].Epoch != epoch {
+		t.Fatalf("after a server restart: %v, %+v; want positions 11 and 12 in the same epoch", err, got)
+	}
+	if got, err = read(500, "", 1); err != nil || len(got) == 0 || got[0].Position != 1 {
+		t.Fatalf("a position without epoch beyond the stream's end: %v, %+v; want the stream's first message", err, got)
+	}
+
+	// Deleted and created again under a running reader, shorter than
+	// before: the reader waits past the new stream's end until it reads
+	// the epoch again.
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ended := make(chan error, 1)
+	var late []broker.Message
+	go func() {
+		ended <- b.SubscribeShard(sctx, broker.ShardSubscription{Consumer: "c", Shards: 1, After: 12, Epoch: epoch},
+			func(_ context.Context, batch []broker.Message) error {
+				late = append(late, batch...)
+				return nil
+			})
+	}()
+	time.Sleep(200 * time.Millisecond)
+	deleteStream(t, srv.ClientURL(), b)
+	publish(100, 103)
+	select {
+	case err := <-ended:
+		if err == nil || !strings.Contains(err.Error(), "created again") || len(late) != 0 {
+			t.Fatalf("the reader of a stream created again ended with %v after %d messages; want the new epoch named, nothing handed over", err, len(late))
+		}
+	case <-ctx.Done():
+		t.Fatal("the reader of a deleted stream never noticed the stream was created again")
+	}
+	got, err = read(12, epoch, 3)
+	if err != nil || len(got) < 3 || got[0].Position != 1 || got[0].ID != "id-100" || got[0].Epoch == epoch {
+		t.Fatalf("from the old epoch's position: %v, %+v; want the new stream's 3 messages from position 1 in a new epoch", err, got)
 	}
 }

@@ -32,14 +32,6 @@ const headerPublishID = "Sluice-Publish-Id"
 // (a replay for one consumer), whose routing key is the queue's name.
 const headerTopic = "Sluice-Topic"
 
-// Subscribe's wait between consume attempts, and the default number of
-// failures in a row it tolerates (Options.MaxConsumeFailures).
-const (
-	consumeRetryBase          = 500 * time.Millisecond
-	consumeRetryCap           = 30 * time.Second
-	defaultMaxConsumeFailures = 10
-)
-
 // errDeliveriesClosed is a consume session ended by the broker or the
 // connection rather than by us.
 var errDeliveriesClosed = errors.New("delivery channel closed")
@@ -81,9 +73,6 @@ func Open(ctx context.Context, rawURL string, opts broker.Options) (*RabbitMQ, e
 		waitConfirm: func(ctx context.Context, dc *amqp.DeferredConfirmation) (bool, error) {
 			return dc.WaitContext(ctx)
 		},
-	}
-	if r.maxFailures == 0 {
-		r.maxFailures = defaultMaxConsumeFailures
 	}
 	if r.log == nil {
 		r.log = slog.Default()
@@ -273,35 +262,13 @@ func (r *RabbitMQ) Subscribe(ctx context.Context, consumer string, h broker.Hand
 	if err := broker.ValidateConsumer(consumer); err != nil {
 		return err
 	}
-	queue := r.Queue(consumer)
-	wait := consumeRetryBase
-	failures := 0
-	for {
+	return broker.RetryConsume(ctx, r.log, r.maxFailures, "RabbitMQ", "queue", r.Queue(consumer), func(ctx context.Context) (bool, error) {
 		consumed, err := r.consume(ctx, consumer, h)
-		if ctx.Err() != nil {
-			return nil
-		}
 		if err == nil {
 			err = errDeliveriesClosed
 		}
-		if consumed {
-			failures, wait = 0, consumeRetryBase
-		}
-		failures++
-		if r.maxFailures > 0 && failures >= r.maxFailures {
-			r.log.Error("broker: RabbitMQ consume failed, giving up", "queue", queue, "failures", failures, "err", err)
-			return fmt.Errorf("broker: consume %s failed %d times in a row: %w", queue, failures, err)
-		}
-		r.log.Warn("broker: RabbitMQ consume failed, retrying", "queue", queue, "failures", failures, "retry_in", wait, "err", err)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-		wait = min(2*wait, consumeRetryCap)
-	}
+		return consumed, err
+	})
 }
 
 // consume runs one consume session on a channel of its own until ctx ends

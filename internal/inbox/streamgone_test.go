@@ -1,0 +1,273 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/broker/natsbroker"
+	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/inbox"
+	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/testkit"
+)
+
+// The JetStream stream deleted under a running relay (an operator's
+// mistake, or a cluster that lost it): the publishes find no stream, which
+// is not the events' fault. With one attempt allowed, a single counted
+// failure would dead-letter an event; none may be. The relay gives the
+// events back and pauses, the publisher creates the stream again, and every
+// event committed after the deletion is stored there exactly once, each
+// aggregate's in order.
+func TestStreamDeletedUnderTheRelayDeadLettersNothing(t *testing.T) {
+	t.Parallel()
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	pool := dbtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: "gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, err := outbox.NewRelay(pool, b, outbox.RelayConfig{
+		Name: "relay", BatchSize: 25, PollInterval: 20 * time.Millisecond,
+		MaxAttempts: 1, Backoff: outbox.Backoff{Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond},
+	}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := r.Run(ctx); err != nil && ctx.Err() == nil {
+			t.Error(err)
+		}
+	}()
+	defer wg.Wait()
+	defer cancel()
+
+	const aggregates = 10
+	insert := func(from, to int) {
+		t.Helper()
+		err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+			for i := from; i < to; i++ {
+				if _, err := outbox.Insert(ctx, tx, outbox.Event{
+					AggregateType: "order", AggregateID: fmt.Sprintf("ord-%d", i%aggregates),
+					Topic: "order.placed", EventType: "order.placed.v1", Payload: []byte(`{"n":` + strconv.Itoa(i) + `}`),
+				}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(status string) int64 {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE status = $1`, status).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	insert(0, 100)
+	testkit.UntilCount(t, "the first 100 events published", 100, func() int64 { return count("published") })
+
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, b.Stream()); err != nil {
+		t.Fatalf("delete the stream: %v", err)
+	}
+	insert(100, 200)
+	testkit.Until(t, "the 100 events committed after the deletion published, or one dead-lettered", func() bool {
+		return count("published") == 200 || count("dead") > 0
+	})
+	if dead := count("dead"); dead != 0 {
+		var lastErr string
+		_ = pool.QueryRow(ctx, `SELECT last_error FROM outbox_event WHERE status = 'dead' LIMIT 1`).Scan(&lastErr)
+		t.Fatalf("%d events dead-lettered because the stream was gone (one: %s)", dead, lastErr)
+	}
+	var spent int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE attempts > 0 AND status <> 'published'`).Scan(&spent); err != nil || spent != 0 {
+		t.Fatalf("%d events left with a spent attempt (%v)", spent, err)
+	}
+	if s := r.Stats(); s.Failed == 0 {
+		// Failed counts the publishes given back too: none means the
+		// relay never met the missing stream, and this test proved nothing.
+		t.Fatalf("relay stats %+v: no publish met the deleted stream", s)
+	}
+
+	// The recreated stream holds the 100 later events, once each, each
+	// aggregate's in sequence.
+	st, err := js.Stream(ctx, b.Stream())
+	if err != nil {
+		t.Fatalf("the stream was not created again: %v", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 100 {
+		t.Fatalf("the recreated stream holds %d messages, want the 100 committed after the deletion", info.State.Msgs)
+	}
+	last := map[string]int64{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("message %d: %v", seq, err)
+		}
+		agg := m.Header.Get(broker.HeaderAggregateID)
+		n, err := strconv.ParseInt(m.Header.Get(broker.HeaderAggregateSeq), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last[agg] != 0 && n != last[agg]+1 {
+			t.Fatalf("%s: #%d stored after #%d", agg, n, last[agg])
+		}
+		last[agg] = n
+	}
+	if len(last) != aggregates {
+		t.Fatalf("messages of %d aggregates, want %d", len(last), aggregates)
+	}
+}
+
+// A sharded consumer whose stream is deleted and created again under it:
+// the new stream counts from 1, and a shard reader going on at its last
+// sequence + 1 would skip that many of the new stream's messages. Every
+// event committed after the deletion must be applied, once, in order, and
+// so must those of a consumer process started afresh afterwards, whose
+// stored positions belong to the deleted stream.
+func TestShardedConsumerAfterTheStreamIsCreatedAgain(t *testing.T) {
+	t.Parallel()
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	pool := dbtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	opts := broker.Options{Namespace: "gone-sharded"}
+	const shards, aggregates = 4, 40
+	b, err := natsbroker.Open(ctx, srv.ClientURL(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, err := outbox.NewRelay(pool, b, outbox.RelayConfig{Name: "relay", BatchSize: 50, Shards: shards, PollInterval: 20 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { _ = r.Run(ctx) })
+	consume := func(cctx context.Context) {
+		sub, err := natsbroker.Open(ctx, srv.ClientURL(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &inbox.ShardedConsumer{Inbox: inbox.New(pool), Name: "sharded", Shards: shards, Batch: 20, RetryInterval: 100 * time.Millisecond}
+		wg.Go(func() {
+			defer sub.Close()
+			if err := c.Run(cctx, sub); err != nil && cctx.Err() == nil {
+				t.Error(err)
+			}
+		})
+	}
+	insert := func(from, to int) {
+		t.Helper()
+		err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+			for i := from; i < to; i++ {
+				if _, err := outbox.Insert(ctx, tx, outbox.Event{
+					AggregateType: "order", AggregateID: fmt.Sprintf("ord-%d", i%aggregates),
+					Topic: "order.placed", EventType: "order.placed.v1", Payload: []byte(`{}`),
+				}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	effects := func() int64 {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM consume_effect`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	deleteStream := func() {
+		t.Helper()
+		nc, err := nats.Connect(srv.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := js.DeleteStream(ctx, b.Stream()); err != nil {
+			t.Fatalf("delete the stream: %v", err)
+		}
+	}
+
+	first, stopFirst := context.WithCancel(ctx)
+	consume(first)
+	insert(0, 400)
+	testkit.UntilCount(t, "the first 400 events applied", 400, effects)
+
+	// Deleted under the running consumer; the relay creates it again.
+	deleteStream()
+	insert(400, 800)
+	testkit.UntilCount(t, "the 400 events committed after the deletion applied by the running consumer", 800, effects)
+	checkConsumed(t, pool, 800)
+
+	// A consumer process started afresh after another deletion: its stored
+	// positions count in the deleted stream.
+	stopFirst()
+	deleteStream()
+	insert(800, 1000)
+	testkit.UntilCount(t, "the relay to publish into the stream created again", 1000, func() int64 {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE status = 'published'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	})
+	consume(ctx)
+	testkit.UntilCount(t, "the 200 events of the third stream applied by a consumer started afresh", 1000, effects)
+	checkConsumed(t, pool, 1000)
+	var epochs int
+	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT epoch) FROM inbox_shard_position WHERE epoch <> ''`).Scan(&epochs); err != nil || epochs != 1 {
+		t.Fatalf("the shards' positions name %d epochs (%v), want the one stream's now", epochs, err)
+	}
+}
