@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,11 +69,39 @@ func Open(ctx context.Context, rawURL string, opts broker.Options) (*JetStream, 
 	if n.log == nil {
 		n.log = slog.Default()
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, n.streamConfig()); err != nil {
+	if err := n.ensureStream(ctx); err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("broker: create stream %s: %w", n.stream, err)
+		return nil, err
 	}
 	return n, nil
+}
+
+// ensureStream creates the stream when it is missing, and otherwise leaves
+// it as it is: its replicas, limits and retention are the operator's to
+// tune. Until 7 December Open updated an existing stream to Sluice's
+// config, so every relay or consumer start undid them (a MaxAge set to
+// bound the disk, replicas raised to 3). It checks what Sluice relies on:
+// the stream captures every subject of the namespace (else publishes to
+// the others would find no stream), and a duplicate window short enough to
+// let a relay's republish through is said in the log.
+func (n *JetStream) ensureStream(ctx context.Context) error {
+	st, err := n.js.CreateStream(ctx, n.streamConfig())
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		st, err = n.js.Stream(ctx, n.stream)
+	}
+	if err != nil {
+		return fmt.Errorf("broker: create stream %s: %w", n.stream, err)
+	}
+	cfg := st.CachedInfo().Config
+	if want := n.prefix + ".>"; !slices.Contains(cfg.Subjects, want) {
+		return fmt.Errorf("broker: stream %s exists with subjects %q, without %q, on which Sluice publishes: add that subject to it, or delete it and let Sluice create it",
+			n.stream, cfg.Subjects, want)
+	}
+	if want := n.streamConfig().Duplicates; cfg.Duplicates < want {
+		n.log.Warn("broker: the stream's duplicate window is shorter than Sluice's default; a relay's republish after a crash may be stored twice (consumers' inboxes absorb it)",
+			"stream", n.stream, "duplicates", cfg.Duplicates, "default", want)
+	}
+	return nil
 }
 
 // streamConfig is the stream Open creates, and a publish that finds it

@@ -591,3 +591,48 @@ func TestShardReaderAfterTheStreamIsCreatedAgain(t *testing.T) {
 		t.Fatalf("from the old epoch's position: %v, %+v; want the new stream's 3 messages from position 1 in a new epoch", err, got)
 	}
 }
+
+// Open leaves an existing stream as the operator tuned it (here a MaxAge
+// and a message limit), and refuses, saying what to do, a stream of the
+// same name that does not capture the namespace's subjects.
+func TestOpenKeepsTheOperatorsStreamSettings(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	ctx := context.Background()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+
+	ns := brokertest.Namespace(t)
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: ns})
+	st, err := js.Stream(ctx, b.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.MaxAge, cfg.MaxMsgs = time.Hour, 1000
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	open(t, srv.ClientURL(), broker.Options{Namespace: ns}) // a relay or consumer starting again
+	st, err = js.Stream(ctx, b.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.CachedInfo().Config; got.MaxAge != time.Hour || got.MaxMsgs != 1000 {
+		t.Fatalf("after Open: MaxAge %v, MaxMsgs %d; want the operator's 1h and 1000", got.MaxAge, got.MaxMsgs)
+	}
+
+	other := brokertest.Namespace(t) + "x"
+	stream := strings.ToUpper(other)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{other + ".orders.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: other})
+	if err == nil || !strings.Contains(err.Error(), other+".>") || !strings.Contains(err.Error(), "add that subject") {
+		t.Fatalf("Open over a stream without the namespace's subjects: %v, want a refusal naming %s.>", err, other)
+	}
+}
