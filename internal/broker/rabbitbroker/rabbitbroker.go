@@ -217,7 +217,15 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 		return fmt.Errorf("broker: confirm of %s: %w", msg.ID, err)
 	}
 	if !acked {
-		return fmt.Errorf("broker: RabbitMQ refused (nack) %s", msg.ID)
+		// RabbitMQ nacks only for itself, never for the message: a queue
+		// the message routes to is full with x-overflow reject-publish (a
+		// consumer far behind), or the queue's process failed. Every
+		// consumer queue binds every topic, so the next message meets the
+		// same refusal. As a failure of this message it spent attempts and
+		// dead-lettered whatever the relay tried while the queue was full;
+		// as ErrUnavailable the relay pauses and the backlog waits in the
+		// outbox until the queue has room.
+		return fmt.Errorf("%w: RabbitMQ refused (nack) %s: a queue it routes to is full (x-overflow reject-publish) or failed", broker.ErrUnavailable, msg.ID)
 	}
 	r.mu.Lock()
 	r.drainReturnsLocked()

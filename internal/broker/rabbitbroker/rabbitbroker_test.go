@@ -129,3 +129,37 @@ func TestSubscribeReportsConsumeFailures(t *testing.T) {
 		}
 	}
 }
+
+// A queue full with x-overflow reject-publish makes RabbitMQ nack the
+// publish: the broker's refusal, not the message's failure, so the relay
+// pauses (broker.ErrUnavailable) instead of spending the event's attempts
+// until it dead-letters.
+func TestNackOfAFullQueueIsUnavailable(t *testing.T) {
+	t.Parallel()
+	r := openRabbit(t, broker.Options{})
+	conn, err := amqp.Dial(brokertest.RabbitURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := r.Exchange() + ".full"
+	if _, err := ch.QueueDeclare(full, false, true, false, false, amqp.Table{"x-max-length": 1, "x-overflow": "reject-publish"}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = ch.QueueDelete(full, false, false, false) }()
+	if err := ch.QueueBind(full, "#", r.Exchange(), false, nil); err != nil {
+		t.Fatal(err)
+	}
+	msgs := brokertest.Messages(2, 2)
+	if err := r.Publish(context.Background(), msgs[0]); err != nil {
+		t.Fatalf("first publish into a queue with room: %v", err)
+	}
+	err = r.Publish(context.Background(), msgs[1])
+	if !errors.Is(err, broker.ErrUnavailable) || !strings.Contains(err.Error(), "nack") {
+		t.Fatalf("publish into a full reject-publish queue: %v, want ErrUnavailable (nack)", err)
+	}
+}
