@@ -116,3 +116,37 @@ func TestPublishErrorOnALiveClientTellsTheConnectionFromThePublish(t *testing.T)
 		t.Fatalf("an ack timeout on a live connection: %v, want a failed publish", err)
 	}
 }
+
+// storeRefused reads the codes JetStream answers a publish with, as the
+// client wraps them: the stream's or the server's refusals are outages,
+// the message's own are not, whatever their HTTP-like code says (a message
+// too large comes with 503 under the store code).
+func TestStoreRefusedTellsTheStreamFromTheMessage(t *testing.T) {
+	t.Parallel()
+	api := func(code int, errCode jetstream.ErrorCode, desc string) error {
+		return fmt.Errorf("nats: %w", &jetstream.APIError{Code: code, ErrorCode: errCode, Description: desc})
+	}
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{api(503, 10008, "JetStream system temporarily unavailable"), true},
+		{api(503, 10023, "insufficient resources"), true},
+		{api(500, 10028, "insufficient memory resources available"), true},
+		{api(503, 10039, "JetStream not enabled for account"), true},
+		{api(500, 10047, "insufficient storage resources available"), true},
+		{api(503, 10076, "JetStream not enabled"), true},
+		{api(500, 10118, "stream is offline"), true},
+		{api(503, 10077, "maximum messages exceeded"), true},
+		{api(503, 10077, "maximum bytes exceeded"), true},
+		{api(503, 10077, "maximum messages per subject exceeded"), false},
+		{api(503, 10077, "message too large"), false},
+		{api(400, 10054, "message size exceeds maximum allowed"), false},
+		{api(400, 10003, "bad request"), false},
+		{nats.ErrTimeout, false},
+	} {
+		if got := storeRefused(c.err); got != c.want {
+			t.Errorf("storeRefused(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}

@@ -202,7 +202,49 @@ func (n *JetStream) publishError(ctx context.Context, subject string, err error)
 		return fmt.Errorf("%w: publish to %s: no JetStream stream answered (stream %s deleted, or JetStream not running on the server)%s: %w",
 			broker.ErrUnavailable, subject, n.stream, n.recreateStream(ctx), err)
 	}
+	if storeRefused(err) {
+		return fmt.Errorf("%w: publish to %s: JetStream cannot store into stream %s now: %w", broker.ErrUnavailable, subject, n.stream, err)
+	}
 	return fmt.Errorf("broker: publish to %s: %w", subject, err)
+}
+
+// The JetStream error codes of a stream or server that cannot take any
+// message now (nats-server's jetstream_errors_generated.go).
+const (
+	errCodeClusterNotAvailable  = 10008 // JetStream system temporarily unavailable
+	errCodeInsufficientResource = 10023 // the account's or server's storage limit
+	errCodeMemoryExceeded       = 10028
+	errCodeNotEnabledForAccount = 10039
+	errCodeStorageExceeded      = 10047
+	errCodeNotEnabled           = 10076
+	errCodeStoreFailed          = 10077 // "{err}": see storeRefused
+	errCodeStreamOffline        = 10118
+)
+
+// storeRefused says whether JetStream refused to store a message for a
+// reason of its own that the next message meets as well: out of storage or
+// memory, JetStream off or its cluster without a leader, the stream offline,
+// or full with the discard-new policy (its MaxMsgs or MaxBytes reached: a
+// consumer far behind, or a limit too low). The relay then pauses and the
+// backlog waits in the outbox; counted as the message's failure, a full
+// stream dead-lettered everything tried until it had room. Never a refusal
+// the message causes — too large ("message too large" under the same store
+// code, or 10054), or its subject's own limit (MaxMsgsPerSubject, one topic)
+// —: a relay paused on such a message would wait for ever, when the failure
+// backs it off and in the end dead-letters it alone.
+func storeRefused(err error) bool {
+	var api *jetstream.APIError
+	if !errors.As(err, &api) {
+		return false
+	}
+	switch api.ErrorCode {
+	case errCodeClusterNotAvailable, errCodeInsufficientResource, errCodeMemoryExceeded, errCodeNotEnabledForAccount,
+		errCodeStorageExceeded, errCodeNotEnabled, errCodeStreamOffline:
+		return true
+	case errCodeStoreFailed:
+		return api.Description == "maximum messages exceeded" || api.Description == "maximum bytes exceeded"
+	}
+	return false
 }
 
 // recreateInterval is how often at most a publisher creates its stream

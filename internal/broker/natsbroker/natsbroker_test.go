@@ -636,3 +636,67 @@ func TestOpenKeepsTheOperatorsStreamSettings(t *testing.T) {
 		t.Fatalf("Open over a stream without the namespace's subjects: %v, want a refusal naming %s.>", err, other)
 	}
 }
+
+// A stream that cannot take any message now (here full, with the discard-new
+// policy an operator may set) is an outage: broker.ErrUnavailable, so the
+// relay pauses instead of dead-lettering what it tries meanwhile. A refusal
+// the message itself causes stays its failure, or the relay would wait for
+// ever on it: too large for the stream, or over its subject's own limit.
+func TestStoreRefusalsTellTheStreamFromTheMessage(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	ctx := context.Background()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	tune := func(f func(*jetstream.StreamConfig)) {
+		t.Helper()
+		st, err := js.Stream(ctx, b.Stream())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := st.CachedInfo().Config
+		f(&cfg)
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msg := func(i int, topic string, payload string) broker.Message {
+		return broker.Message{ID: "id-" + strconv.Itoa(i), Topic: topic, AggregateType: "a", AggregateID: "x", AggregateSeq: int64(i + 1),
+			EventType: "t.v1", Payload: []byte(payload)}
+	}
+
+	tune(func(c *jetstream.StreamConfig) { c.MaxMsgSize = 200 })
+	err = b.Publish(ctx, msg(0, "t", `{"pad":"`+strings.Repeat("x", 300)+`"}`))
+	if err == nil || errors.Is(err, broker.ErrUnavailable) {
+		t.Fatalf("a message larger than the stream's MaxMsgSize: %v, want the message's failure", err)
+	}
+
+	tune(func(c *jetstream.StreamConfig) {
+		c.MaxMsgSize, c.MaxMsgsPerSubject, c.Discard, c.DiscardNewPerSubject = 0, 1, jetstream.DiscardNew, true
+	})
+	if err := b.Publish(ctx, msg(1, "one", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	err = b.Publish(ctx, msg(2, "one", `{}`))
+	if err == nil || errors.Is(err, broker.ErrUnavailable) {
+		t.Fatalf("over the subject's own limit: %v, want the message's failure (one topic must not pause the relay)", err)
+	}
+
+	tune(func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject, c.DiscardNewPerSubject, c.MaxMsgs = -1, false, 2 })
+	if err := b.Publish(ctx, msg(3, "two", `{}`)); err != nil { // the stream holds "one" and now "two"
+		t.Fatal(err)
+	}
+	for i, publish := range []func() error{
+		func() error { return b.Publish(ctx, msg(4, "three", `{}`)) },
+		func() error { return b.PublishBatch(ctx, []broker.Message{msg(5, "three", `{}`)})[0] },
+	} {
+		if err := publish(); !errors.Is(err, broker.ErrUnavailable) || !strings.Contains(err.Error(), "maximum messages exceeded") {
+			t.Fatalf("publish %d into a full discard-new stream: %v, want ErrUnavailable naming the limit", i, err)
+		}
+	}
+}
