@@ -380,7 +380,7 @@ func heldHint(h outbox.Held) string {
 		return fmt.Sprintf("pending events in %s+ aggregates, waiting for a retry or discard; counted in the first %s aggregates with a dead letter, up to %s events: the list shows them all",
 			Count(h.Aggregates), Count(outbox.HeldAggregatesCounted), Count(outbox.HeldEventsCounted))
 	}
-	return "pending events in " + Count(h.Aggregates) + " aggregates, waiting for a retry or discard"
+	return "pending events in " + CountOf(h.Aggregates, "aggregate", "aggregates") + ", waiting for a retry or discard"
 }
 
 // listHref is href when the outbox list exists, else "" (no link).

@@ -35,6 +35,15 @@ func Age(d time.Duration) string {
 	return fmt.Sprintf("%dd%dh", s/86400, (s%86400)/3600)
 }
 
+// CountOf is n with its noun, singular for exactly one: "1 attempt",
+// "12,345 attempts".
+func CountOf(n int64, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return Count(n) + " " + many
+}
+
 // Count formats a count with thin grouping.
 func Count(n int64) string {
 	if n < 0 {

@@ -95,3 +95,13 @@ func TestSparkWarnThresholdAndAxis(t *testing.T) {
 		t.Errorf("no threshold: warn %q y %q top %q", sp.Warn, sp.WarnY, sp.Top)
 	}
 }
+
+// A count of one takes the singular ("1 attempt", "in 1 aggregate"); any
+// other, grouped, the plural.
+func TestCountOf(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 attempts", 1: "1 attempt", 2: "2 attempts", 12345: "12,345 attempts"} {
+		if got := CountOf(n, "attempt", "attempts"); got != want {
+			t.Errorf("CountOf(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

@@ -210,6 +210,7 @@ func TestAuditEntryLinksAndHostileText(t *testing.T) {
 		audit.Event{ActorSub: "sub-y", Action: "odd", TargetType: "outbox_event", TargetID: hostile, Reason: hostile},
 		audit.Event{ActorSub: "sub-z", Action: "payments.resolve", TargetType: "payment", TargetID: "op-1"},
 		audit.Event{ActorSub: "sub-z", Action: "payments.resolve", TargetType: "payment", TargetID: paymentOp.String()},
+		audit.Event{ActorSub: "sub-z", Action: "auth.login", TargetType: "session"},
 	)
 	b, _ := h.signedIn(t, "auditor")
 	for _, p := range []string{"/audit", "/audit?target_type=outbox_event&target_id=" + url.QueryEscape(hostile),
@@ -257,6 +258,25 @@ func TestAuditEntryLinksAndHostileText(t *testing.T) {
 	if got := doc(t, body).Find(`[data-testid="target-link"]`).AttrOr("href", ""); got != "/payments/"+paymentOp.String() {
 		t.Errorf("a payment's audit row links to %q, want its page", got)
 	}
+	// A target without id (a login's session) is named alone: no id to
+	// copy, no history of "every session" passed off as its own.
+	_, body = b.get(t, h.base+"/audit/"+strconv.FormatInt(seqs[4], 10), "text/html")
+	d = doc(t, body)
+	if got := strings.TrimSpace(d.Find(`[data-testid="target"]`).Text()); got != "session" || d.Find(`[data-testid="history-link"]`).Length() != 0 {
+		t.Errorf("a target without id shown as %q (history link: %d)", got, d.Find(`[data-testid="history-link"]`).Length())
+	}
+	_, body = b.get(t, h.base+"/audit", "text/html")
+	d = doc(t, body)
+	if got := strings.Join(strings.Fields(d.Find(`[data-testid="exports"]`).Text()), " "); !strings.HasPrefix(got, "Export the whole trail: CSV · JSON lines") {
+		t.Errorf("export line %q", got)
+	}
+	d.Find(`[data-testid="row"]`).Each(func(_ int, r *goquery.Selection) {
+		if r.Find(`[data-testid="row-action"]`).Text() == "auth.login" {
+			if got := strings.TrimSpace(r.Find(`[data-testid="row-target"]`).Text()); got != "session" {
+				t.Errorf("a login's row target %q, want session", got)
+			}
+		}
+	})
 	if resp, _ := b.get(t, h.base+"/audit/999999", "text/html"); resp.StatusCode != http.StatusNotFound {
 		t.Errorf("missing row: %d", resp.StatusCode)
 	}

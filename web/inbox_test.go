@@ -43,7 +43,8 @@ func TestInboxPageAndDuplicateRatio(t *testing.T) {
 	if got := d.Find(`[data-testid="total-ratio"]`).Text(); got != "25.0%" {
 		t.Errorf("overall ratio %q, want 25.0%% (1 of 4 deliveries)", got)
 	}
-	if got := d.Find(`[data-testid="retention"]`).Text(); !strings.Contains(got, "7d0h") || !strings.Contains(got, "the default") {
+	if got := d.Find(`[data-testid="retention"]`).Text(); !strings.Contains(got, "7d0h") || !strings.Contains(got, "the default") ||
+		!strings.Contains(got, "yet). A redelivery") {
 		t.Errorf("retention before any pruning pass %q", got)
 	}
 	if got := d.Find(`[data-testid="last-pruned"]`).Text(); !strings.Contains(got, "Never pruned") {
@@ -55,7 +56,7 @@ func TestInboxPageAndDuplicateRatio(t *testing.T) {
 	}
 	_, body := b.get(t, h.base+"/inbox", "text/html")
 	pd := doc(t, body)
-	if got := pd.Find(`[data-testid="retention"]`).Text(); !strings.Contains(got, "1d12h") || strings.Contains(got, "the default") {
+	if got := pd.Find(`[data-testid="retention"]`).Text(); !strings.Contains(got, "1d12h. A redelivery") || strings.Contains(got, "the default") {
 		t.Errorf("retention after a 36h pass %q", got)
 	}
 	if got := pd.Find(`[data-testid="last-pruned"]`).Text(); !strings.Contains(got, "Last pruned at") || !strings.Contains(got, "0 message ids deleted") {

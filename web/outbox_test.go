@@ -269,6 +269,8 @@ func TestOutboxPageHearsChangesOverItsSocket(t *testing.T) {
 		}
 		d := doc(t, frames)
 		n := d.Find(`#outbox-changed[hx-swap-oob]`)
-		return n.Length() == 1 && strings.Contains(n.Text(), "dead letters 1 → 0") && n.Find(`[data-testid="reload"]`).Length() == 1, nil
+		// One sentence, punctuated where the words end.
+		return n.Length() == 1 && strings.Contains(n.Text(), "loaded: dead letters 1 → 0") && !strings.Contains(n.Text(), " ,") &&
+			!strings.Contains(n.Text(), " .") && n.Find(`[data-testid="reload"]`).Length() == 1, nil
 	})
 }

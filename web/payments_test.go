@@ -313,6 +313,10 @@ func TestPaymentListOrderFiltersAndPages(t *testing.T) {
 	if got[3] != failed.String() {
 		t.Errorf("row 3 is %s, want the failed payment", got[3])
 	}
+	// The heading says the order the rows are in.
+	if line := doc(t, body).Find(`[data-testid="count"]`).Text(); !strings.Contains(line, "longest unknown on top") || !strings.Contains(line, "each newest first") {
+		t.Errorf("the list's heading %q does not say its order", line)
+	}
 	d := doc(t, body)
 	if d.Find(`[data-testid="reconcile-age"]`).Length() != 3 || !strings.Contains(d.Find(`[data-testid="last-inquiry"]`).First().Text(), "not inquired yet") {
 		t.Error("unknown rows lack the reconcile age or the last inquiry")
@@ -414,10 +418,14 @@ func TestPaymentPagesShowPartsAndNoCanaryAndInertText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	nameEnv, err := kr.Seal(payments.CustomerPlace(opID), "name", "Canary Name")
+	if err != nil {
+		t.Fatal(err)
+	}
 	hostile := `<script>alert(1)</script>" onmouseover="alert(2)" hx-get="/logout"`
 	acc := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 79, Balance: "100000"})
 	op := paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Merchant: "m" + hostile, Invoice: "inv" + hostile,
-		Amount: "500.00", Customer: map[string]string{"email": env}, OperationID: opID})
+		Amount: "500.00", Customer: map[string]string{"email": env, "name": nameEnv}, OperationID: opID})
 	paymentstest.StoredAnswer(t, h.pool, paymentstest.AnswerOpts{Merchant: "m" + hostile, Key: "k1", OperationID: op,
 		Status: payments.StatusUnknown, ResponseStatus: 202, ResponseBody: `{"customer":{"email":"` + canary + `"}}`})
 	form := resolveForm(token, "failed")
@@ -447,8 +455,9 @@ func TestPaymentPagesShowPartsAndNoCanaryAndInertText(t *testing.T) {
 	if got := d.Find(`[data-testid="record-response"]`).Text(); got != "HTTP 202" {
 		t.Errorf("stored response shown as %q", got)
 	}
-	if !strings.Contains(d.Find(`[data-testid="customer"]`).Text(), "email: [encrypted]") { // this console holds no keys
-		t.Errorf("customer shown as %q, want masked", d.Find(`[data-testid="customer"]`).Text())
+	// This console holds no keys; each field apart from the next.
+	if got := strings.TrimSpace(d.Find(`[data-testid="customer"]`).Text()); got != "email: [encrypted]; name: [encrypted]" {
+		t.Errorf("customer shown as %q, want each field masked and apart", got)
 	}
 	// A resolved payment links its payment.* event.
 	small := paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Amount: "10.00"})
