@@ -101,7 +101,7 @@ func paymentProblem(err error) string {
 func (a *App) paymentList(c echo.Context) error {
 	ctx := c.Request().Context()
 	f, err := parsePaymentForm(c.QueryParams())
-	d := views.PaymentListData{Form: f.raw, CanSearch: a.kr != nil}
+	d := views.PaymentListData{Form: f.raw, CanSearch: a.kr != nil, CanSettle: may(c, auth.PermPaymentsAct)}
 	if err == nil {
 		var page payments.ListPage
 		if page, err = payments.ListPayments(ctx, a.pool, f.filter, f.page); err == nil {

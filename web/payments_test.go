@@ -519,6 +519,17 @@ func TestSettlementUpload(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{})
 	b, token := h.signedIn(t, "oncall")
+	// The page is found from the payments list by who may use it, and only
+	// by them.
+	_, list := b.get(t, h.base+"/payments", "text/html")
+	if href := doc(t, list).Find(`[data-testid="settlements-link"]`).AttrOr("href", ""); href != "/payments/settlements" {
+		t.Errorf("an operator's payments list links the settlement page at %q", href)
+	}
+	support, _ := h.signedIn(t, "support")
+	_, list = support.get(t, h.base+"/payments", "text/html")
+	if doc(t, list).Find(`[data-testid="settlements-link"]`).Length() != 0 {
+		t.Error("a viewer's payments list links the settlement page, which refuses viewers")
+	}
 	op1, _ := h.unknownPayment(t, paymentstest.PaymentOpts{})
 	op2, _ := h.unknownPayment(t, paymentstest.PaymentOpts{})
 	done, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Status: payments.StatusCompleted})
