@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -63,23 +64,7 @@ func TestStreamDeletedUnderTheRelayDeadLettersNothing(t *testing.T) {
 	defer cancel()
 
 	const aggregates = 10
-	insert := func(from, to int) {
-		t.Helper()
-		err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
-			for i := from; i < to; i++ {
-				if _, err := outbox.Insert(ctx, tx, outbox.Event{
-					AggregateType: "order", AggregateID: fmt.Sprintf("ord-%d", i%aggregates),
-					Topic: "order.placed", EventType: "order.placed.v1", Payload: []byte(`{"n":` + strconv.Itoa(i) + `}`),
-				}); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	insert := func(from, to int) { t.Helper(); insertOrders(ctx, t, pool, from, to, aggregates) }
 	count := func(status string) int64 {
 		var n int64
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE status = $1`, status).Scan(&n); err != nil {
@@ -91,15 +76,7 @@ func TestStreamDeletedUnderTheRelayDeadLettersNothing(t *testing.T) {
 	insert(0, 100)
 	testkit.UntilCount(t, "the first 100 events published", 100, func() int64 { return count("published") })
 
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jetStreamAdmin(t, srv.ClientURL())
 	if err := js.DeleteStream(ctx, b.Stream()); err != nil {
 		t.Fatalf("delete the stream: %v", err)
 	}
@@ -200,23 +177,7 @@ func TestShardedConsumerAfterTheStreamIsCreatedAgain(t *testing.T) {
 			}
 		})
 	}
-	insert := func(from, to int) {
-		t.Helper()
-		err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
-			for i := from; i < to; i++ {
-				if _, err := outbox.Insert(ctx, tx, outbox.Event{
-					AggregateType: "order", AggregateID: fmt.Sprintf("ord-%d", i%aggregates),
-					Topic: "order.placed", EventType: "order.placed.v1", Payload: []byte(`{}`),
-				}); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	insert := func(from, to int) { t.Helper(); insertOrders(ctx, t, pool, from, to, aggregates) }
 	effects := func() int64 {
 		var n int64
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM consume_effect`).Scan(&n); err != nil {
@@ -224,17 +185,9 @@ func TestShardedConsumerAfterTheStreamIsCreatedAgain(t *testing.T) {
 		}
 		return n
 	}
+	js := jetStreamAdmin(t, srv.ClientURL())
 	deleteStream := func() {
 		t.Helper()
-		nc, err := nats.Connect(srv.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
 		if err := js.DeleteStream(ctx, b.Stream()); err != nil {
 			t.Fatalf("delete the stream: %v", err)
 		}
@@ -270,4 +223,40 @@ func TestShardedConsumerAfterTheStreamIsCreatedAgain(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT epoch) FROM inbox_shard_position WHERE epoch <> ''`).Scan(&epochs); err != nil || epochs != 1 {
 		t.Fatalf("the shards' positions name %d epochs (%v), want the one stream's now", epochs, err)
 	}
+}
+
+// insertOrders commits events from to to-1 in one transaction, spread
+// round-robin over aggregates "ord-0", "ord-1", ….
+func insertOrders(ctx context.Context, t *testing.T, pool *pgxpool.Pool, from, to, aggregates int) {
+	t.Helper()
+	err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+		for i := from; i < to; i++ {
+			if _, err := outbox.Insert(ctx, tx, outbox.Event{
+				AggregateType: "order", AggregateID: fmt.Sprintf("ord-%d", i%aggregates),
+				Topic: "order.placed", EventType: "order.placed.v1", Payload: []byte(`{"n":` + strconv.Itoa(i) + `}`),
+			}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// jetStreamAdmin is a JetStream client of the test's own, as an operator's
+// tool would be, closed at the test's end.
+func jetStreamAdmin(t *testing.T, url string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }

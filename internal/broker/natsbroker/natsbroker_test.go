@@ -64,12 +64,7 @@ func TestDeduplicatesByEventID(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := jsAdmin(t, srv.ClientURL())
 	st, err := js.Stream(ctx, b.Stream())
 	if err != nil {
 		t.Fatal(err)
@@ -229,12 +224,7 @@ func TestPublishBatch(t *testing.T) {
 			}
 		}
 	}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := jsAdmin(t, srv.ClientURL())
 	st, err := js.Stream(ctx, b.Stream())
 	if err != nil {
 		t.Fatal(err)
@@ -354,20 +344,27 @@ func TestShardedSubjectsAndSubscribeShard(t *testing.T) {
 	}
 }
 
-// deleteStream deletes b's stream behind its back, as an operator (or a
-// JetStream cluster losing it) would while relays run.
-func deleteStream(t *testing.T, url string, b *natsbroker.JetStream) {
+// jsAdmin is a JetStream client of the test's own, as an operator's tool
+// would be, closed at the test's end.
+func jsAdmin(t *testing.T, url string) jetstream.JetStream {
 	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := js.DeleteStream(context.Background(), b.Stream()); err != nil {
+	return js
+}
+
+// deleteStream deletes b's stream behind its back, as an operator (or a
+// JetStream cluster losing it) would while relays run.
+func deleteStream(t *testing.T, url string, b *natsbroker.JetStream) {
+	t.Helper()
+	if err := jsAdmin(t, url).DeleteStream(context.Background(), b.Stream()); err != nil {
 		t.Fatalf("delete stream %s: %v", b.Stream(), err)
 	}
 }
@@ -376,13 +373,7 @@ func deleteStream(t *testing.T, url string, b *natsbroker.JetStream) {
 func streamMsgs(t *testing.T, url string, b *natsbroker.JetStream) uint64 {
 	t.Helper()
 	ctx := context.Background()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	st, err := js.Stream(ctx, b.Stream())
+	st, err := jsAdmin(t, url).Stream(ctx, b.Stream())
 	if err != nil {
 		t.Fatalf("stream %s: %v", b.Stream(), err)
 	}
@@ -391,6 +382,21 @@ func streamMsgs(t *testing.T, url string, b *natsbroker.JetStream) uint64 {
 		t.Fatal(err)
 	}
 	return info.State.Msgs
+}
+
+// tuneStream changes b's stream's settings as an operator would.
+func tuneStream(t *testing.T, js jetstream.JetStream, b *natsbroker.JetStream, f func(*jetstream.StreamConfig)) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := js.Stream(ctx, b.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	f(&cfg)
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A publish that finds no stream (deleted while the relay ran) is not the
@@ -599,26 +605,13 @@ func TestOpenKeepsTheOperatorsStreamSettings(t *testing.T) {
 	t.Parallel()
 	srv := startNATS(t)
 	ctx := context.Background()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := jsAdmin(t, srv.ClientURL())
 
 	ns := brokertest.Namespace(t)
 	b := open(t, srv.ClientURL(), broker.Options{Namespace: ns})
-	st, err := js.Stream(ctx, b.Stream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := st.CachedInfo().Config
-	cfg.MaxAge, cfg.MaxMsgs = time.Hour, 1000
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	tuneStream(t, js, b, func(c *jetstream.StreamConfig) { c.MaxAge, c.MaxMsgs = time.Hour, 1000 })
 	open(t, srv.ClientURL(), broker.Options{Namespace: ns}) // a relay or consumer starting again
-	st, err = js.Stream(ctx, b.Stream())
+	st, err := js.Stream(ctx, b.Stream())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -646,37 +639,20 @@ func TestStoreRefusalsTellTheStreamFromTheMessage(t *testing.T) {
 	t.Parallel()
 	srv := startNATS(t)
 	ctx := context.Background()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := jsAdmin(t, srv.ClientURL())
 	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
-	tune := func(f func(*jetstream.StreamConfig)) {
-		t.Helper()
-		st, err := js.Stream(ctx, b.Stream())
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := st.CachedInfo().Config
-		f(&cfg)
-		if _, err := js.UpdateStream(ctx, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
 	msg := func(i int, topic string, payload string) broker.Message {
 		return broker.Message{ID: "id-" + strconv.Itoa(i), Topic: topic, AggregateType: "a", AggregateID: "x", AggregateSeq: int64(i + 1),
 			EventType: "t.v1", Payload: []byte(payload)}
 	}
 
-	tune(func(c *jetstream.StreamConfig) { c.MaxMsgSize = 200 })
-	err = b.Publish(ctx, msg(0, "t", `{"pad":"`+strings.Repeat("x", 300)+`"}`))
+	tuneStream(t, js, b, func(c *jetstream.StreamConfig) { c.MaxMsgSize = 200 })
+	err := b.Publish(ctx, msg(0, "t", `{"pad":"`+strings.Repeat("x", 300)+`"}`))
 	if err == nil || errors.Is(err, broker.ErrUnavailable) {
 		t.Fatalf("a message larger than the stream's MaxMsgSize: %v, want the message's failure", err)
 	}
 
-	tune(func(c *jetstream.StreamConfig) {
+	tuneStream(t, js, b, func(c *jetstream.StreamConfig) {
 		c.MaxMsgSize, c.MaxMsgsPerSubject, c.Discard, c.DiscardNewPerSubject = 0, 1, jetstream.DiscardNew, true
 	})
 	if err := b.Publish(ctx, msg(1, "one", `{}`)); err != nil {
@@ -687,7 +663,7 @@ func TestStoreRefusalsTellTheStreamFromTheMessage(t *testing.T) {
 		t.Fatalf("over the subject's own limit: %v, want the message's failure (one topic must not pause the relay)", err)
 	}
 
-	tune(func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject, c.DiscardNewPerSubject, c.MaxMsgs = -1, false, 2 })
+	tuneStream(t, js, b, func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject, c.DiscardNewPerSubject, c.MaxMsgs = -1, false, 2 })
 	if err := b.Publish(ctx, msg(3, "two", `{}`)); err != nil { // the stream holds "one" and now "two"
 		t.Fatal(err)
 	}
