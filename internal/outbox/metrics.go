@@ -15,6 +15,9 @@ type metrics struct {
 	duration     prometheus.Histogram
 	leaseExpired prometheus.Counter
 	dead         prometheus.Counter
+	// unavailable counts the process's relays whose last batch met a
+	// broker that could not take any message (Relay.setOutage).
+	unavailable prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -43,6 +46,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sluice_outbox_dead_lettered_total",
 			Help: "Events moved to dead after their last allowed attempt failed.",
 		}),
+		unavailable: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_outbox_relays_broker_unavailable",
+			Help: "Relays of this process pausing because the broker cannot take any message (unreachable, its stream gone or full): their last batch was given back without spending attempts. 0 when every relay publishes or has nothing to publish.",
+		}),
 	}
 	var err error
 	if m.published, err = db.Register(reg, m.published); err != nil {
@@ -58,6 +65,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.dead, err = db.Register(reg, m.dead); err != nil {
+		return nil, err
+	}
+	if m.unavailable, err = db.Register(reg, m.unavailable); err != nil {
 		return nil, err
 	}
 	return m, nil

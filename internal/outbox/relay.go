@@ -110,6 +110,10 @@ type Relay struct {
 	outage   atomic.Int64 // publishes failed in a row because the broker was unavailable
 	tracer   trace.Tracer // nil: tracing off, no span work at all
 
+	// paused: this relay's last batch met a broker outage (counted in
+	// sluice_outbox_relays_broker_unavailable).
+	paused atomic.Bool
+
 	compacted atomic.Int64 // when compactCounts last ran (Unix ns)
 
 	cursor claimCursor
@@ -1177,6 +1181,20 @@ func (r *Relay) giveBack(ctx context.Context, fs []failure, token uuid.UUID) err
 	return nil
 }
 
+// setPaused records whether the relay pauses on a broker outage after its
+// last batch: the gauge counts the process's relays that do. A batch that
+// published, or found nothing to publish, ends the pause; so does Run's end.
+func (r *Relay) setPaused(paused bool) {
+	if r.paused.Swap(paused) == paused {
+		return
+	}
+	if paused {
+		r.m.unavailable.Inc()
+	} else {
+		r.m.unavailable.Dec()
+	}
+}
+
 // outagePause is how long Run waits before claiming again after the run-th
 // batch in a row met a broker outage: the backoff schedule, capped at
 // OutagePauseCap, so a long outage costs one probe per relay per pause and
@@ -1214,6 +1232,7 @@ func (r *Relay) release(ctx context.Context, evs []claimed, token uuid.UUID, del
 // connection; polling is the fallback when notifications are lost or the
 // listener is down). It returns only after the listener has stopped.
 func (r *Relay) Run(ctx context.Context) error {
+	defer r.setPaused(false) // a stopped relay pauses no more
 	var wake <-chan struct{} // nil: never ready, poll only
 	if !r.cfg.DisableListen {
 		l := db.NewListener(r.pool, db.OutboxChannel, r.log)
@@ -1248,6 +1267,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			ahead = claimAhead()
 		}
 		res, err := r.process(ctx, cb)
+		r.setPaused(res.Unavailable > 0 && ctx.Err() == nil)
 		if ctx.Err() != nil {
 			if ahead != nil {
 				// Give back what was claimed ahead: with ctx done, process

@@ -85,14 +85,14 @@ func TestFourRelaysDrainConcurrently(t *testing.T) {
 	if len(perRelay) < 2 {
 		t.Fatalf("only %d relay(s) did any work: %v — the race was not exercised", len(perRelay), perRelay)
 	}
-	if n := counterSum(t, reg, "sluice_outbox_published_total"); n != float64(len(events)) {
+	if n := metricSum(t, reg, "sluice_outbox_published_total"); n != float64(len(events)) {
 		t.Fatalf("sluice_outbox_published_total = %v, want %d", n, len(events))
 	}
 	t.Logf("work split across relays: %v", perRelay)
 }
 
-// counterSum sums a counter family from reg over all its labels.
-func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// metricSum sums a counter or gauge family from reg over all its labels.
+func metricSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -104,7 +104,7 @@ func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue()
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
 	return sum
@@ -179,7 +179,7 @@ func TestRelayKilledMidBatchLosesNothing(t *testing.T) {
 	if s := survivor.Stats(); s.LeaseExpired != int64(cfg.BatchSize) {
 		t.Fatalf("survivor took over %d expired leases, want %d", s.LeaseExpired, cfg.BatchSize)
 	}
-	if n := counterSum(t, survivorReg, "sluice_outbox_lease_expired_total"); n != float64(cfg.BatchSize) {
+	if n := metricSum(t, survivorReg, "sluice_outbox_lease_expired_total"); n != float64(cfg.BatchSize) {
 		t.Fatalf("sluice_outbox_lease_expired_total = %v, want %d", n, cfg.BatchSize)
 	}
 	count := map[string]int{}
@@ -697,16 +697,20 @@ func TestRelayPausesDuringOutageAndResumes(t *testing.T) {
 		return n
 	}
 
+	// The gauge an alert reads: relays of the process pausing on an outage.
+	reg := prometheus.NewRegistry()
+	pausing := func() float64 { return metricSum(t, reg, "sluice_outbox_relays_broker_unavailable") }
+
 	// An hour's pause: one batch is tried, then nothing until the end.
 	long, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Name: "long", PollInterval: 5 * time.Millisecond, DisableListen: true,
-		Backoff: outbox.Backoff{Base: time.Hour, Cap: time.Hour}, OutagePauseCap: time.Hour}, nil, nil)
+		Backoff: outbox.Backoff{Base: time.Hour, Cap: time.Hour}, OutagePauseCap: time.Hour}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- long.Run(ctx) }()
-	testkit.Until(t, "the first batch refused and given back", func() bool { return calls.Load() > 0 && leased() == 0 })
+	testkit.Until(t, "the first batch refused and given back", func() bool { return calls.Load() > 0 && leased() == 0 && pausing() == 1 })
 	after := calls.Load()
 	time.Sleep(300 * time.Millisecond) // long enough for many claims if the relay did not pause
 	if c, l := calls.Load(), leased(); c != after || l != 0 {
@@ -721,11 +725,14 @@ func TestRelayPausesDuringOutageAndResumes(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return while pausing for the outage")
 	}
+	if g := pausing(); g != 0 {
+		t.Fatalf("a stopped relay still counted as pausing: gauge %v", g)
+	}
 
 	// A short pause: the broker refuses 20 more publishes, then is back.
 	atomic.StoreInt64(&refuseFirst, calls.Load()+20)
 	short, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Name: "short", PollInterval: 5 * time.Millisecond, DisableListen: true,
-		Backoff: outbox.Backoff{Base: 5 * time.Millisecond, Cap: time.Hour}, OutagePauseCap: 20 * time.Millisecond}, nil, nil)
+		Backoff: outbox.Backoff{Base: 5 * time.Millisecond, Cap: time.Hour}, OutagePauseCap: 20 * time.Millisecond}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -738,6 +745,9 @@ func TestRelayPausesDuringOutageAndResumes(t *testing.T) {
 	testkit.Until(t, "every event published after the outage", func() bool {
 		return statusCounts(t, pool)[outbox.StatusPublished] == len(events)
 	})
+	if g := pausing(); g != 0 {
+		t.Fatalf("a relay publishing again still counted as pausing: gauge %v", g)
+	}
 	cancel()
 	<-done
 	var spent int
