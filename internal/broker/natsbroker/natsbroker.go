@@ -576,6 +576,7 @@ func (n *JetStream) SubscribeShard(ctx context.Context, s broker.ShardSubscripti
 			if err := n.sameEpoch(ctx, s, epoch); err != nil {
 				return err
 			}
+			idle.Reset(epochCheckIdle)
 			continue
 		case nx := <-arrived:
 			if nx.err != nil {

@@ -581,7 +581,9 @@ func TestShardReaderAfterTheStreamIsCreatedAgain(t *testing.T) {
 				return nil
 			})
 	}()
-	time.Sleep(200 * time.Millisecond)
+	// Past the reader's first idle check (every 5 s without a message):
+	// the checks go on while it stays idle.
+	time.Sleep(5500 * time.Millisecond)
 	deleteStream(t, srv.ClientURL(), b)
 	publish(100, 103)
 	select {
