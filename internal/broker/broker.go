@@ -206,8 +206,10 @@ func (o Options) ValidNamespace() (string, error) {
 	return ns, nil
 }
 
-// ErrUnavailable marks a publish that failed because the broker could not be
-// reached (connection down or reconnecting), not because of the message. The
+// ErrUnavailable marks a publish that failed because the broker could not
+// take any message — connection down or reconnecting, no stream or no room
+// to store, a nack, or no answer to any publish within the timeout — not
+// because of the message (each adapter says which of its errors are). The
 // relay backs such events off without spending their attempts: a long outage
 // must not dead-letter the head event of every aggregate, whose later events
 // would then be published first and a retried dead one dropped as stale.

@@ -45,23 +45,7 @@ func TestStreamDeletedUnderTheRelayDeadLettersNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	r, err := outbox.NewRelay(pool, b, outbox.RelayConfig{
-		Name: "relay", BatchSize: 25, PollInterval: 20 * time.Millisecond,
-		MaxAttempts: 1, Backoff: outbox.Backoff{Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond},
-	}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := r.Run(ctx); err != nil && ctx.Err() == nil {
-			t.Error(err)
-		}
-	}()
-	defer wg.Wait()
-	defer cancel()
+	r := startOneAttemptRelay(ctx, t, pool, b)
 
 	const aggregates = 10
 	insert := func(from, to int) { t.Helper(); insertOrders(ctx, t, pool, from, to, aggregates) }
@@ -101,36 +85,75 @@ func TestStreamDeletedUnderTheRelayDeadLettersNothing(t *testing.T) {
 
 	// The recreated stream holds the 100 later events, once each, each
 	// aggregate's in sequence.
-	st, err := js.Stream(ctx, b.Stream())
-	if err != nil {
-		t.Fatalf("the stream was not created again: %v", err)
-	}
-	info, err := st.Info(ctx)
+	checkStream(ctx, t, js, b.Stream(), 100, aggregates)
+}
+
+// A JetStream that stops acknowledging publishes under a running relay (a
+// stalled disk, or a cluster electing a leader during a rolling restart;
+// here the stream set to NoAck, which stores without answering): every
+// publish times out on a live connection. With one attempt allowed, a
+// single counted timeout would dead-letter an event; none may be. The
+// relay gives the events back and pauses; once acks come back every event
+// is stored exactly once (what was stored unanswered, the stream's
+// duplicate window drops when sent again), each aggregate's in order.
+func TestJetStreamThatStopsAcknowledgingDeadLettersNothing(t *testing.T) {
+	t.Parallel()
+	srv, err := natsembedded.Start(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.State.Msgs != 100 {
-		t.Fatalf("the recreated stream holds %d messages, want the 100 committed after the deletion", info.State.Msgs)
+	defer srv.Shutdown()
+	pool := dbtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: "stalled"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	last := map[string]int64{}
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		m, err := st.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatalf("message %d: %v", seq, err)
+	defer b.Close()
+	r := startOneAttemptRelay(ctx, t, pool, b)
+	const aggregates = 10
+	count := func(status string) int64 {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE status = $1`, status).Scan(&n); err != nil {
+			t.Fatal(err)
 		}
-		agg := m.Header.Get(broker.HeaderAggregateID)
-		n, err := strconv.ParseInt(m.Header.Get(broker.HeaderAggregateSeq), 10, 64)
+		return n
+	}
+	js := jetStreamAdmin(t, srv.ClientURL())
+	setNoAck := func(on bool) {
+		t.Helper()
+		st, err := js.Stream(ctx, b.Stream())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if last[agg] != 0 && n != last[agg]+1 {
-			t.Fatalf("%s: #%d stored after #%d", agg, n, last[agg])
+		cfg := st.CachedInfo().Config
+		cfg.NoAck = on
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatalf("set the stream's NoAck to %v: %v", on, err)
 		}
-		last[agg] = n
 	}
-	if len(last) != aggregates {
-		t.Fatalf("messages of %d aggregates, want %d", len(last), aggregates)
+
+	insertOrders(ctx, t, pool, 0, 100, aggregates)
+	testkit.UntilCount(t, "the first 100 events published", 100, func() int64 { return count("published") })
+
+	setNoAck(true)
+	insertOrders(ctx, t, pool, 100, 200, aggregates)
+	// Several rounds of the heads timing out: the relay's first pause and
+	// at least one probe after it.
+	testkit.Until(t, "the relay to meet the stall twice, or an event to be dead-lettered", func() bool {
+		return r.Stats().Failed >= 2*aggregates || count("dead") > 0
+	})
+	setNoAck(false)
+	testkit.Until(t, "the 100 events committed during the stall published, or one dead-lettered", func() bool {
+		return count("published") == 200 || count("dead") > 0
+	})
+	if dead := count("dead"); dead != 0 {
+		var lastErr string
+		_ = pool.QueryRow(ctx, `SELECT last_error FROM outbox_event WHERE status = 'dead' LIMIT 1`).Scan(&lastErr)
+		t.Fatalf("%d events dead-lettered because JetStream did not acknowledge (one: %s)", dead, lastErr)
 	}
+	checkStream(ctx, t, js, b.Stream(), 200, aggregates)
 }
 
 // A sharded consumer whose stream is deleted and created again under it:
@@ -259,4 +282,71 @@ func jetStreamAdmin(t *testing.T, url string) jetstream.JetStream {
 		t.Fatal(err)
 	}
 	return js
+}
+
+// startOneAttemptRelay runs a relay on b that dead-letters an event at its
+// first counted failure, until ctx ends (the test waits for it to stop).
+// Its publish timeout outlasts the client's own retries of a publish no
+// stream answers (about half a second), which tell a deleted stream.
+func startOneAttemptRelay(ctx context.Context, t *testing.T, pool *pgxpool.Pool, b broker.Publisher) *outbox.Relay {
+	t.Helper()
+	r, err := outbox.NewRelay(pool, b, outbox.RelayConfig{
+		Name: "relay", BatchSize: 25, PollInterval: 20 * time.Millisecond, Lease: 6 * time.Second, PublishTimeout: time.Second,
+		MaxAttempts: 1, Backoff: outbox.Backoff{Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond},
+	}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := r.Run(rctx); err != nil && rctx.Err() == nil {
+			t.Error(err)
+		}
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	return r
+}
+
+// checkStream reads every message of stream: want of them, once each (by
+// event id), each of the aggregates' in sequence.
+func checkStream(ctx context.Context, t *testing.T, js jetstream.JetStream, stream string, want, aggregates int) {
+	t.Helper()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", stream, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != uint64(want) {
+		t.Fatalf("the stream holds %d messages, want %d", info.State.Msgs, want)
+	}
+	last := map[string]int64{}
+	ids := map[string]bool{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("message %d: %v", seq, err)
+		}
+		id := m.Header.Get(nats.MsgIdHdr)
+		if ids[id] {
+			t.Fatalf("event %s stored twice", id)
+		}
+		ids[id] = true
+		agg := m.Header.Get(broker.HeaderAggregateID)
+		n, err := strconv.ParseInt(m.Header.Get(broker.HeaderAggregateSeq), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last[agg] != 0 && n != last[agg]+1 {
+			t.Fatalf("%s: #%d stored after #%d", agg, n, last[agg])
+		}
+		last[agg] = n
+	}
+	if len(last) != aggregates {
+		t.Fatalf("messages of %d aggregates, want %d", len(last), aggregates)
+	}
 }

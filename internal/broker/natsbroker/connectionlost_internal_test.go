@@ -109,11 +109,25 @@ func TestPublishErrorOnALiveClientTellsTheConnectionFromThePublish(t *testing.T)
 	if !n.nc.IsConnected() {
 		t.Fatal("the client is not connected to a running server")
 	}
-	if err := n.publishError(context.Background(), "subject", brokenPipe(t)); !errors.Is(err, broker.ErrUnavailable) {
+	if err := n.publishError(context.Background(), "subject", brokenPipe(t), n.acks.Load()); !errors.Is(err, broker.ErrUnavailable) {
 		t.Fatalf("a broken pipe on a client that counts itself connected: %v, want ErrUnavailable", err)
 	}
-	if err := n.publishError(context.Background(), "subject", nats.ErrTimeout); errors.Is(err, broker.ErrUnavailable) {
-		t.Fatalf("an ack timeout on a live connection: %v, want a failed publish", err)
+	// An ack timeout on a live connection is JetStream's stall when it
+	// acknowledged nothing since the publish was sent, and the publish's
+	// own failure when it acknowledged others meanwhile.
+	if err := n.Publish(context.Background(), brokertest.Messages(1, 1)[0]); err != nil {
+		t.Fatal(err)
+	}
+	for _, timeout := range []error{nats.ErrTimeout, context.DeadlineExceeded, fmt.Errorf("wait: %w", jetstream.ErrAsyncPublishTimeout)} {
+		if err := n.publishError(context.Background(), "subject", timeout, n.acks.Load()); !errors.Is(err, broker.ErrUnavailable) || !errors.Is(err, timeout) {
+			t.Errorf("%v with no ack since the publish was sent: %v, want ErrUnavailable wrapping it", timeout, err)
+		}
+		if err := n.publishError(context.Background(), "subject", timeout, n.acks.Load()-1); errors.Is(err, broker.ErrUnavailable) {
+			t.Errorf("%v while another publish was acknowledged: %v, want a failed publish", timeout, err)
+		}
+	}
+	if err := n.publishError(context.Background(), "subject", context.Canceled, n.acks.Load()); errors.Is(err, broker.ErrUnavailable) {
+		t.Errorf("a publish cancelled by its caller: %v, want no outage", err)
 	}
 }
 

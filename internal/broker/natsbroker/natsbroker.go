@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,6 +39,11 @@ type JetStream struct {
 	// again (recreateStream); guarded by recreateMu.
 	recreateMu sync.Mutex
 	recreated  time.Time
+
+	// acks counts the publishes JetStream has acknowledged: a publish whose
+	// ack did not come tells a stalled JetStream from its own trouble by
+	// whether this moved meanwhile (publishError).
+	acks atomic.Uint64
 }
 
 // Open connects to a NATS server with JetStream and creates the stream
@@ -135,9 +141,11 @@ func (n *JetStream) ShardFilter(shards, shard int) string {
 // Publish stores msg in the stream and waits for JetStream's ack.
 func (n *JetStream) Publish(ctx context.Context, msg broker.Message) error {
 	m := n.natsMsg(msg)
+	before := n.acks.Load()
 	if _, err := n.js.PublishMsg(ctx, m); err != nil {
-		return n.publishError(ctx, m.Subject, err)
+		return n.publishError(ctx, m.Subject, err, before)
 	}
+	n.acks.Add(1)
 	return nil
 }
 
@@ -148,6 +156,7 @@ func (n *JetStream) PublishBatch(ctx context.Context, msgs []broker.Message) []e
 	errs := make([]error, len(msgs))
 	futs := make([]jetstream.PubAckFuture, len(msgs))
 	subjects := make([]string, len(msgs))
+	before := n.acks.Load()
 	for i, msg := range msgs {
 		if err := ctx.Err(); err != nil {
 			errs[i] = err
@@ -157,7 +166,7 @@ func (n *JetStream) PublishBatch(ctx context.Context, msgs []broker.Message) []e
 		subjects[i] = m.Subject
 		f, err := n.js.PublishMsgAsync(m)
 		if err != nil {
-			errs[i] = n.publishError(ctx, m.Subject, err)
+			errs[i] = n.publishError(ctx, m.Subject, err, before)
 			continue
 		}
 		futs[i] = f
@@ -168,10 +177,16 @@ func (n *JetStream) PublishBatch(ctx context.Context, msgs []broker.Message) []e
 		}
 		select {
 		case <-f.Ok():
+			n.acks.Add(1)
 		case err := <-f.Err():
-			errs[i] = n.publishError(ctx, subjects[i], err)
+			errs[i] = n.publishError(ctx, subjects[i], err, before)
 		case <-ctx.Done():
-			errs[i] = n.publishError(ctx, subjects[i], ctx.Err())
+			select {
+			case <-f.Ok(): // it came as the wait ended
+				n.acks.Add(1)
+			default:
+				errs[i] = n.publishError(ctx, subjects[i], ctx.Err(), before)
+			}
 		}
 	}
 	return errs
@@ -191,7 +206,20 @@ func (n *JetStream) PublishBatch(ctx context.Context, msgs []broker.Message) []e
 // dead head. As ErrUnavailable the relay gives them back and pauses, the
 // backlog and its age grow on the dashboard, and the stream is created again
 // (recreateStream), as a restarted relay would.
-func (n *JetStream) publishError(ctx context.Context, subject string, err error) error {
+//
+// An ack that did not come in time is an outage too when JetStream
+// acknowledged no other publish since this one was sent (acks still at
+// before): the stream's server stalls (its disk), or its cluster is
+// electing a leader, as in a rolling restart. Counted as the message's
+// failure, every event tried during such a stall spent an attempt, and a
+// stall longer than the backoff dead-lettered the head of every aggregate.
+// The message may have been stored; sent again within the stream's
+// duplicate window it is dropped there (Nats-Msg-Id), later the consumers'
+// inboxes drop it. When other publishes were acknowledged meanwhile,
+// JetStream answers and this one's ack is what went missing: that stays
+// the publish's failure, so a message whose ack never comes cannot pause
+// every relay for ever.
+func (n *JetStream) publishError(ctx context.Context, subject string, err error, before uint64) error {
 	if !n.nc.IsConnected() {
 		return fmt.Errorf("%w: publish to %s while disconnected: %w", broker.ErrUnavailable, subject, err)
 	}
@@ -205,7 +233,18 @@ func (n *JetStream) publishError(ctx context.Context, subject string, err error)
 	if storeRefused(err) {
 		return fmt.Errorf("%w: publish to %s: JetStream cannot store into stream %s now: %w", broker.ErrUnavailable, subject, n.stream, err)
 	}
+	if ackTimedOut(err) && n.acks.Load() == before {
+		return fmt.Errorf("%w: publish to %s: JetStream acknowledged nothing within the publish timeout (stream %s stalled, or its cluster has no leader): %w",
+			broker.ErrUnavailable, subject, n.stream, err)
+	}
 	return fmt.Errorf("broker: publish to %s: %w", subject, err)
+}
+
+// ackTimedOut says whether a publish ended waiting for JetStream's ack:
+// its context's deadline (the relay's publish timeout), or the client's
+// own timeouts.
+func ackTimedOut(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrAsyncPublishTimeout)
 }
 
 // The JetStream error codes of a stream or server that cannot take any
@@ -284,8 +323,8 @@ func (n *JetStream) recreateStream(ctx context.Context) string {
 // counted against a healthy event as a failed attempt. The message may or
 // may not have arrived; as ErrUnavailable it is sent again later without
 // spending an attempt (the stream deduplicates by event id). A timeout is not
-// among them: an ack that does not come on a live connection stays a
-// failure of the publish.
+// among them: an ack that does not come on a live connection is told apart
+// by publishError.
 func connectionLost(err error) bool {
 	var opErr *net.OpError
 	return errors.As(err, &opErr) ||

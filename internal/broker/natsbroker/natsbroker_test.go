@@ -678,3 +678,49 @@ func TestStoreRefusalsTellTheStreamFromTheMessage(t *testing.T) {
 		}
 	}
 }
+
+// A JetStream that stores but does not acknowledge (a stream set to NoAck
+// here; a stalled server or a cluster without a leader in production) is
+// an outage, not the messages' failure: every publish of the batch that
+// waited in vain is ErrUnavailable naming the timeout, so the relay spends
+// no attempt. The messages were stored nonetheless, and once acks come
+// back the relay's republish of the same ids is dropped by the stream.
+func TestAStreamThatStopsAcknowledgingIsUnavailable(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	js := jsAdmin(t, srv.ClientURL())
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	msgs := brokertest.Messages(6, 3)
+	if err := b.Publish(context.Background(), msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	tuneStream(t, js, b, func(c *jetstream.StreamConfig) { c.NoAck = true })
+	stalled := func(what string, errs ...error) {
+		t.Helper()
+		for i, err := range errs {
+			if !errors.Is(err, broker.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "acknowledged nothing") {
+				t.Fatalf("%s %d to a stream that stopped acknowledging: %v, want ErrUnavailable on the timeout", what, i, err)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	stalled("publish", b.Publish(ctx, msgs[1]))
+	cancel()
+	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+	stalled("batch message", b.PublishBatch(ctx, msgs[2:])...)
+	cancel()
+	if n := streamMsgs(t, srv.ClientURL(), b); n != 6 {
+		t.Fatalf("the stream holds %d messages, want 6 (stored without an ack)", n)
+	}
+
+	tuneStream(t, js, b, func(c *jetstream.StreamConfig) { c.NoAck = false })
+	for i, err := range b.PublishBatch(context.Background(), msgs[1:]) {
+		if err != nil {
+			t.Fatalf("republish %d once acks are back: %v", i, err)
+		}
+	}
+	if n := streamMsgs(t, srv.ClientURL(), b); n != 6 {
+		t.Fatalf("the stream holds %d messages after the republish, want 6 (the duplicate window drops the ids it stored)", n)
+	}
+}

@@ -3,6 +3,7 @@ package rabbitbroker
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,5 +126,56 @@ func TestSubscribeRidesOutCutConnections(t *testing.T) {
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("Subscribe = %v after two cut connections, want nil", err)
+	}
+}
+
+// A confirm that does not come within the publish timeout is the broker's
+// stall when RabbitMQ confirmed nothing else since the publish was sent (a
+// memory or disk alarm blocks every publisher: sent again later, without
+// spending an attempt), and the publish's own failure when another publish
+// was confirmed meanwhile. The seam plays the confirm that never comes; the
+// other publish is a real one.
+func TestAMissingConfirmIsAnOutageOnlyWhenNothingWasConfirmed(t *testing.T) {
+	t.Parallel()
+	r := open(t, broker.Options{})
+	ctx := context.Background()
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	msgs := brokertest.Messages(3, 3)
+	waitConfirm := r.waitConfirm
+
+	r.waitConfirm = func(context.Context, *amqp.DeferredConfirmation) (bool, error) {
+		return false, context.DeadlineExceeded
+	}
+	if err := r.Publish(ctx, msgs[0]); !errors.Is(err, broker.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("no confirm and none since: %v, want ErrUnavailable on the timeout", err)
+	}
+
+	// The first publish's confirm goes missing while the second's comes.
+	var calls atomic.Int32
+	gaveUp := make(chan struct{})
+	r.waitConfirm = func(ctx context.Context, dc *amqp.DeferredConfirmation) (bool, error) {
+		if calls.Add(1) == 1 {
+			<-gaveUp
+			return false, context.DeadlineExceeded
+		}
+		return waitConfirm(ctx, dc)
+	}
+	first := make(chan error, 1)
+	go func() { first <- r.Publish(ctx, msgs[1]) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for calls.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the first publish never waited for its confirm")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := r.Publish(ctx, msgs[2]); err != nil {
+		t.Fatalf("a publish the broker confirms: %v", err)
+	}
+	close(gaveUp)
+	if err := <-first; err == nil || errors.Is(err, broker.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("no confirm while another was confirmed: %v, want the publish's own failure", err)
 	}
 }

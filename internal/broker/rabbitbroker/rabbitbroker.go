@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -55,6 +56,11 @@ type RabbitMQ struct {
 	// never outgrows the publishes in flight.
 	waiting  map[string]bool
 	sequence uint64 // last publish token
+
+	// confirms counts the broker's answers (ack or nack) to publishes: a
+	// publish whose confirm did not come tells a broker that stopped
+	// confirming from its own trouble by whether this moved meanwhile.
+	confirms atomic.Uint64
 
 	// waitConfirm waits for a publish's confirm (a seam for tests that play
 	// a publish giving up after its message was sent).
@@ -147,6 +153,7 @@ func (r *RabbitMQ) drainReturnsLocked() {
 // broker's confirm. MessageId is the event id; the aggregate travels in
 // headers (AMQP has no property for it).
 func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
+	before := r.confirms.Load()
 	r.mu.Lock()
 	ch, err := r.channelLocked()
 	r.sequence++
@@ -214,8 +221,21 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 		if ch.IsClosed() {
 			return fmt.Errorf("%w: confirm of %s: %w", broker.ErrUnavailable, msg.ID, err)
 		}
+		// A confirm that did not come in time while the broker confirmed
+		// nothing else is the broker's stall: a memory or disk alarm blocks
+		// every publishing connection until it clears, and counted as the
+		// messages' failure it dead-lettered whatever the relay tried
+		// meanwhile. The message may have been queued; sent again, the
+		// consumers' inboxes drop it. When other publishes were confirmed
+		// meanwhile, the broker answers and this confirm is what went
+		// missing: that stays the publish's failure.
+		if errors.Is(err, context.DeadlineExceeded) && r.confirms.Load() == before {
+			return fmt.Errorf("%w: RabbitMQ confirmed nothing within the publish timeout (a memory or disk alarm blocks publishers, or the queue's node stalled): confirm of %s: %w",
+				broker.ErrUnavailable, msg.ID, err)
+		}
 		return fmt.Errorf("broker: confirm of %s: %w", msg.ID, err)
 	}
+	r.confirms.Add(1)
 	if !acked {
 		// RabbitMQ nacks only for itself, never for the message: a queue
 		// the message routes to is full with x-overflow reject-publish (a
