@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 )
 
@@ -42,6 +43,17 @@ func CountOf(n int64, one, many string) string {
 		return "1 " + one
 	}
 	return Count(n) + " " + many
+}
+
+// AndList joins words as a sentence does: "a", "a and b", "a, b and c".
+func AndList(words []string) string {
+	switch len(words) {
+	case 0:
+		return ""
+	case 1:
+		return words[0]
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " and " + words[len(words)-1]
 }
 
 // Count formats a count with thin grouping.

@@ -105,3 +105,14 @@ func TestCountOf(t *testing.T) {
 		}
 	}
 }
+
+func TestAndList(t *testing.T) {
+	for _, c := range []struct {
+		words []string
+		want  string
+	}{{nil, ""}, {[]string{"admin"}, "admin"}, {[]string{"operator", "admin"}, "operator and admin"}, {[]string{"a", "b", "c"}, "a, b and c"}} {
+		if got := AndList(c.words); got != c.want {
+			t.Errorf("AndList(%q) = %q, want %q", c.words, got, c.want)
+		}
+	}
+}

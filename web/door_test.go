@@ -351,6 +351,52 @@ func TestSignOutAfterTheSessionExpired(t *testing.T) {
 	}
 }
 
+// The page the provider returns to after a sign-out says the session
+// ended only when it has: a browser whose session is still live (a
+// bookmark, the back button) is sent to the dashboard instead, and the
+// cookie of a session that ended, replayed, shows the page.
+func TestSignedOutPageOnlyAfterTheSessionEnded(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	b, token := h.signedIn(t, "support")
+	nr := b.noRedirects()
+	signedOut := func() (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, h.base+"/signed-out", nil)
+		req.Header.Set("Accept", "text/html")
+		resp, err := nr.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(data)
+	}
+	if resp, body := signedOut(); resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" || strings.Contains(body, "has ended") {
+		t.Fatalf("/signed-out with a live session: %d to %q, want 303 to the dashboard", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	stale := b.sessionCookie(h.base)
+	req, _ := http.NewRequest(http.MethodPost, h.base+"/logout", nil)
+	req.Header.Set("X-CSRF-Token", token)
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	resp, err := nr.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("logout: %d", resp.StatusCode)
+	}
+	if resp, body := signedOut(); resp.StatusCode != http.StatusOK || !strings.Contains(body, "Your console session has ended") {
+		t.Fatalf("/signed-out after the sign-out: %d, want the page", resp.StatusCode)
+	}
+	u, _ := url.Parse(h.base)
+	b.Jar.SetCookies(u, []*http.Cookie{{Name: "sluice_session", Value: stale, Path: "/"}})
+	if resp, body := signedOut(); resp.StatusCode != http.StatusOK || !strings.Contains(body, "Your console session has ended") {
+		t.Fatalf("/signed-out with the ended session's cookie: %d, want the page", resp.StatusCode)
+	}
+}
+
 // Issue 8.10: the CSRF token counts only from the form body or the
 // X-CSRF-Token header, never from the query string.
 func TestCSRFTokenInTheQueryIsRefused(t *testing.T) {

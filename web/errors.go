@@ -121,8 +121,11 @@ func (a *App) handleError(err error, c echo.Context) {
 	var (
 		pe    *publicError
 		shown *shownError
+		perm  *auth.PermissionError
 	)
 	switch {
+	case errors.As(err, &perm):
+		msg = permissionMessage(perm)
 	case errors.As(err, &pe):
 		msg = pe.msg
 	case errors.As(err, &shown):
@@ -139,7 +142,7 @@ func (a *App) handleError(err error, c echo.Context) {
 	}
 	if !strings.Contains(c.Request().Header.Get("Accept"), "text/html") || c.Request().Header.Get("HX-Request") != "" {
 		text := http.StatusText(status)
-		if status == http.StatusTooManyRequests {
+		if status == http.StatusTooManyRequests || perm != nil {
 			text += ": " + msg // scripts and curl users see why too
 		}
 		_ = c.String(status, text+" (request id "+rid+")\n")
@@ -151,6 +154,29 @@ func (a *App) handleError(err error, c echo.Context) {
 		return
 	}
 	_ = c.HTMLBlob(status, buf.Bytes())
+}
+
+// permissionMessage says what a refused user lacks and which roles have
+// it, so they know whom to ask rather than only that they may not.
+func permissionMessage(e *auth.PermissionError) string {
+	names := func(roles []auth.Role) []string {
+		out := make([]string, len(roles))
+		for i, r := range roles {
+			out[i] = string(r)
+		}
+		return out
+	}
+	have := auth.RolesWith(e.Need)
+	who := "the role " + views.AndList(names(have)) + " has"
+	if len(have) > 1 {
+		who = "the roles " + views.AndList(names(have)) + " have"
+	}
+	yours := "the role " + views.AndList(names(e.Roles))
+	if len(e.Roles) > 1 {
+		yours = "the roles " + views.AndList(names(e.Roles))
+	}
+	return "This needs the permission to " + e.Need.Describe() + ", which " + who + ". You are signed in with " + yours +
+		". Whoever assigns console roles at your identity provider can give you one of them."
 }
 
 // crossOriginDenied answers a request refused by http.CrossOriginProtection

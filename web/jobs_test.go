@@ -398,14 +398,19 @@ func TestViewerCannotBulk(t *testing.T) {
 		t.Errorf("a viewer's dashboard offers bulk actions or jobs")
 	}
 	for _, u := range []string{"/outbox/bulk", "/jobs"} {
-		if resp, body := b.get(t, h.base+u, "text/html"); resp.StatusCode != http.StatusForbidden || strings.Contains(body, "bulk-form") {
+		resp, body := b.get(t, h.base+u, "text/html")
+		if resp.StatusCode != http.StatusForbidden || strings.Contains(body, "bulk-form") {
 			t.Errorf("viewer GET %s: %d", u, resp.StatusCode)
+		}
+		// The refusal says what is lacking and who has it.
+		if want := "the permission to act on outbox events (retry, dead-letter, discard, bulk jobs, pause and replay), which the roles operator and admin have. You are signed in with the role viewer."; !strings.Contains(body, want) {
+			t.Errorf("viewer GET %s: the refusal page does not say %q:\n%s", u, want, body)
 		}
 	}
 	before := outboxState(t, h)
 	for _, form := range []url.Values{{"dry_run": {"1"}, "action": {"retry"}}, {"action": {"retry"}, "expect": {"3"}}} {
-		if resp, _ := b.postForm(t, h.base+"/outbox/bulk", token, form); resp.StatusCode != http.StatusForbidden {
-			t.Errorf("viewer POST /outbox/bulk: %d, want 403", resp.StatusCode)
+		if resp, body := b.postForm(t, h.base+"/outbox/bulk", token, form); resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "roles operator and admin have") {
+			t.Errorf("viewer POST /outbox/bulk: %d %q, want 403 saying who may", resp.StatusCode, body)
 		}
 	}
 	if n := h.countAudit(t, `action = 'request.denied' AND error_code = 'permission' AND target_id = 'POST /outbox/bulk' AND actor_name = 'support'`); n != 2 {

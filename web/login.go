@@ -99,6 +99,16 @@ func tooManySignIns(c echo.Context) error {
 	return errTooManySignIns
 }
 
+// signedOut is where the provider sends the browser after a sign-out. A
+// browser that still holds a live session (a bookmark, the back button, a
+// sign-out in another console tab that failed) goes to the dashboard: the
+// page must not say a session ended that has not. Peek, not Touch: looking
+// is not activity.
 func (a *App) signedOut(c echo.Context) error {
+	if ck, err := c.Cookie(a.cookies.Session); err == nil && ck.Value != "" {
+		if _, err := a.sessions.Peek(c.Request().Context(), ck.Value); err == nil {
+			return c.Redirect(http.StatusSeeOther, "/")
+		}
+	}
 	return render(c, http.StatusOK, views.SignedOut())
 }

@@ -226,7 +226,13 @@ func (g *Guard) Require(a Access) echo.MiddlewareFunc {
 				}
 			}
 			if a.Perm != "" && !sess.Can(a.Perm) {
-				return g.deny(c, sess, "permission")
+				err := g.deny(c, sess, "permission")
+				var he *echo.HTTPError
+				if errors.As(err, &he) && he.Code == http.StatusForbidden {
+					// The refusal page says which roles would do.
+					he.Internal = &PermissionError{Need: a.Perm, Roles: sess.Roles}
+				}
+				return err
 			}
 			if a.MaxAuthAge > 0 {
 				now := time.Now
@@ -283,6 +289,17 @@ func RecordDenied(ctx context.Context, pool *pgxpool.Pool, sess *Session, meta R
 	// A cancelled request (the client went away) still leaves its trace.
 	actx := context.WithoutCancel(ctx)
 	return db.WithTx(actx, pool, func(tx pgx.Tx) error { return audit.Record(actx, tx, ev) })
+}
+
+// PermissionError is a request refused because none of the session's
+// roles has the route's permission (the error behind the 403).
+type PermissionError struct {
+	Need  Permission
+	Roles []Role // the session's
+}
+
+func (e *PermissionError) Error() string {
+	return fmt.Sprintf("auth: roles %v lack permission %s", e.Roles, e.Need)
 }
 
 func isForbidden(err error) bool {

@@ -44,6 +44,24 @@ var rolePermissions = map[Role][]Permission{
 	RoleAdmin:    {PermView, PermOutboxAct, PermPaymentsAct, PermAudit, PermRevealPII},
 }
 
+// permissionText says what each permission lets a user do, for the page
+// that refuses a request for the lack of it.
+var permissionText = map[Permission]string{
+	PermView:        "view the console",
+	PermOutboxAct:   "act on outbox events (retry, dead-letter, discard, bulk jobs, pause and replay)",
+	PermPaymentsAct: "act on payments (inquire, resolve, approve, settlement files)",
+	PermAudit:       "read, export and verify the audit trail",
+	PermRevealPII:   "reveal personal data",
+}
+
+// Describe says what p lets a user do, in words.
+func (p Permission) Describe() string {
+	if s, ok := permissionText[p]; ok {
+		return s
+	}
+	return string(p)
+}
+
 // RolesWith lists the roles the fixed table gives p, in a stable order (the
 // console's default for settings that name roles, such as who may reveal).
 func RolesWith(p Permission) []Role {
