@@ -180,6 +180,10 @@ func TestEventDetailShowsTheWholeEvent(t *testing.T) {
 		hd.Find(`[data-testid="event-status"]`).Text() != "held" {
 		t.Errorf("held event: %q", hd.Find(`[data-testid="held-by"]`).Text())
 	}
+	// Never retried, its attempts count from its creation.
+	if got := d.Find(`[data-testid="attempts-line"]`).Text(); got != "10 publish attempts" {
+		t.Errorf("timeline's attempts %q, want %q", got, "10 publish attempts")
+	}
 	// After a retry the audit trail on the page names it.
 	token := h.csrf(t, b)
 	if resp, _ := h.postForm(t, b, "/outbox/"+dead.String()+"/retry", url.Values{"csrf_token": {token}, "expected": {"dead"}}); resp.StatusCode != http.StatusSeeOther {
@@ -190,6 +194,17 @@ func TestEventDetailShowsTheWholeEvent(t *testing.T) {
 	if d.Find(`[data-testid="audit-row"]`).Length() != 1 || !strings.Contains(d.Find(`[data-testid="audit-row"]`).Text(), "outbox.retry") ||
 		!strings.Contains(d.Find(`[data-testid="timeline"]`).Text(), "retry by oncall") {
 		t.Errorf("audit on the page: %q / %q", d.Find(`[data-testid="audit"]`).Text(), d.Find(`[data-testid="timeline"]`).Text())
+	}
+	// A retry restarts the count: one failed attempt after it (a relay's,
+	// played here) is counted from the retry, and follows it on the timeline.
+	if _, err := h.pool.Exec(context.Background(), `UPDATE outbox_event SET attempts = 1 WHERE id = $1`, dead); err != nil {
+		t.Fatal(err)
+	}
+	_, body = b.get(t, h.base+"/outbox/"+dead.String(), "text/html")
+	tl := doc(t, body).Find(`[data-testid="timeline"]`).Text()
+	if got := doc(t, body).Find(`[data-testid="attempts-line"]`).Text(); got != "1 publish attempt since the last retry" ||
+		strings.Index(tl, "retry by oncall") > strings.Index(tl, got) {
+		t.Errorf("timeline after a retry and one attempt: %q", tl)
 	}
 	for path, want := range map[string]int{"/outbox/nope": 400, "/outbox/" + uuid.New().String(): 404, "/outbox/" + strings.ReplaceAll(dead.String(), "-", ""): 400} {
 		if resp, _ := b.get(t, h.base+path, "text/html"); resp.StatusCode != want {
