@@ -172,7 +172,10 @@ func permissionMessage(e *auth.PermissionError) string {
 		who = "the roles " + views.AndList(names(have)) + " have"
 	}
 	yours := "the role " + views.AndList(names(e.Roles))
-	if len(e.Roles) > 1 {
+	switch {
+	case len(e.Roles) == 0:
+		yours = "no console role"
+	case len(e.Roles) > 1:
 		yours = "the roles " + views.AndList(names(e.Roles))
 	}
 	return "This needs the permission to " + e.Need.Describe() + ", which " + who + ". You are signed in with " + yours +
