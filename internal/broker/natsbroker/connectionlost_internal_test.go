@@ -164,3 +164,81 @@ func TestStoreRefusedTellsTheStreamFromTheMessage(t *testing.T) {
 		}
 	}
 }
+
+// A long stall leaves many publishes unanswered. The client keeps a slot
+// for each until its answer comes, and refuses new publishes past 4,000 of
+// them: that refusal is an outage, not the messages' failure, and once
+// JetStream answers again the publisher works as soon as the unanswered
+// publishes' timeout has freed their slots (without it they kept them for
+// the connection's life). The timeout is shortened here from 30 s.
+func TestALongStallLeavesThePublisherWorking(t *testing.T) {
+	t.Parallel()
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	const ackTimeout = 500 * time.Millisecond
+	n, err := open(context.Background(), srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)}, ackTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	admin, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setNoAck := func(on bool) {
+		t.Helper()
+		st, err := admin.Stream(context.Background(), n.Stream())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := st.CachedInfo().Config
+		cfg.NoAck = on
+		if _, err := admin.UpdateStream(context.Background(), cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	setNoAck(true)
+	msgs := brokertest.Messages(4500, 4500)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	errs := n.PublishBatch(ctx, msgs)
+	cancel()
+	stalled := 0
+	for i, err := range errs {
+		if !errors.Is(err, broker.ErrUnavailable) {
+			t.Fatalf("message %d of 4,500 during the stall: %v, want ErrUnavailable", i, err)
+		}
+		if errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			stalled++
+		}
+	}
+	if stalled == 0 {
+		t.Fatal("no publish met the client's cap on unanswered publishes: the test proved nothing about it")
+	}
+
+	setNoAck(false)
+	deadline := time.Now().Add(30 * time.Second)
+	for n.js.PublishAsyncPending() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d unanswered publishes still hold their slots well past their timeout", n.js.PublishAsyncPending())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	more := brokertest.Messages(10, 10)
+	for i := range more {
+		more[i].ID = "after-" + more[i].ID
+	}
+	for i, err := range n.PublishBatch(context.Background(), more) {
+		if err != nil {
+			t.Fatalf("publish %d once JetStream answers again: %v", i, err)
+		}
+	}
+}

@@ -50,6 +50,23 @@ type JetStream struct {
 // if it is missing. Publishes set Nats-Msg-Id to the event id, so the stream's
 // duplicate window drops a relay's republish of an id it already stored.
 func Open(ctx context.Context, rawURL string, opts broker.Options) (*JetStream, error) {
+	return open(ctx, rawURL, opts, publishAckTimeout)
+}
+
+// publishAckTimeout is how long the client waits for the answer to an
+// asynchronous publish (PublishBatch) before giving up on it. The client
+// keeps a slot for every publish it has not had an answer to, and refuses
+// new publishes once 4,000 are taken; without a timeout a publish JetStream
+// never answers (sent during a stall, or to a cluster electing a leader)
+// kept its slot for the life of the connection, so a few stalls left the
+// relay's publisher refusing everything for good. It outlasts the relay's
+// publish timeout (a third of RELAY_LEASE: 10 s by default); a longer one
+// meets this as its timeout, which publishError tells apart the same way.
+const publishAckTimeout = 30 * time.Second
+
+// open is Open with the asynchronous publishes' timeout given (tests
+// shorten it).
+func open(ctx context.Context, rawURL string, opts broker.Options, ackTimeout time.Duration) (*JetStream, error) {
 	ns, err := opts.ValidNamespace()
 	if err != nil {
 		return nil, err
@@ -62,7 +79,7 @@ func Open(ctx context.Context, rawURL string, opts broker.Options) (*JetStream, 
 	if err != nil {
 		return nil, fmt.Errorf("broker: connect to NATS: %w", err)
 	}
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackTimeout))
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("broker: JetStream: %w", err)
@@ -158,12 +175,14 @@ func (n *JetStream) PublishBatch(ctx context.Context, msgs []broker.Message) []e
 	subjects := make([]string, len(msgs))
 	before := n.acks.Load()
 	for i, msg := range msgs {
-		if err := ctx.Err(); err != nil {
-			errs[i] = err
-			continue
-		}
 		m := n.natsMsg(msg)
 		subjects[i] = m.Subject
+		if err := ctx.Err(); err != nil {
+			// Sending stalled past the deadline (the client waits for
+			// free slots): told apart like an ack that did not come.
+			errs[i] = n.publishError(ctx, m.Subject, err, before)
+			continue
+		}
 		f, err := n.js.PublishMsgAsync(m)
 		if err != nil {
 			errs[i] = n.publishError(ctx, m.Subject, err, before)
@@ -232,6 +251,10 @@ func (n *JetStream) publishError(ctx context.Context, subject string, err error,
 	}
 	if storeRefused(err) {
 		return fmt.Errorf("%w: publish to %s: JetStream cannot store into stream %s now: %w", broker.ErrUnavailable, subject, n.stream, err)
+	}
+	if errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+		return fmt.Errorf("%w: publish to %s: JetStream has not answered the client's last publishes (stream %s stalled, or its cluster has no leader): %w",
+			broker.ErrUnavailable, subject, n.stream, err)
 	}
 	if ackTimedOut(err) && n.acks.Load() == before {
 		return fmt.Errorf("%w: publish to %s: JetStream acknowledged nothing within the publish timeout (stream %s stalled, or its cluster has no leader): %w",
