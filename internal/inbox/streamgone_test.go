@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/broker/natsbroker"
+	"github.com/sluice-dev/sluice/internal/broker/natsbroker/natstest"
 	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
@@ -60,7 +61,7 @@ func TestStreamDeletedUnderTheRelayDeadLettersNothing(t *testing.T) {
 	insert(0, 100)
 	testkit.UntilCount(t, "the first 100 events published", 100, func() int64 { return count("published") })
 
-	js := jetStreamAdmin(t, srv.ClientURL())
+	js := natstest.Admin(t, srv.ClientURL())
 	if err := js.DeleteStream(ctx, b.Stream()); err != nil {
 		t.Fatalf("delete the stream: %v", err)
 	}
@@ -120,18 +121,10 @@ func TestJetStreamThatStopsAcknowledgingDeadLettersNothing(t *testing.T) {
 		}
 		return n
 	}
-	js := jetStreamAdmin(t, srv.ClientURL())
+	js := natstest.Admin(t, srv.ClientURL())
 	setNoAck := func(on bool) {
 		t.Helper()
-		st, err := js.Stream(ctx, b.Stream())
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := st.CachedInfo().Config
-		cfg.NoAck = on
-		if _, err := js.UpdateStream(ctx, cfg); err != nil {
-			t.Fatalf("set the stream's NoAck to %v: %v", on, err)
-		}
+		natstest.TuneStream(t, js, b.Stream(), func(c *jetstream.StreamConfig) { c.NoAck = on })
 	}
 
 	insertOrders(ctx, t, pool, 0, 100, aggregates)
@@ -208,7 +201,7 @@ func TestShardedConsumerAfterTheStreamIsCreatedAgain(t *testing.T) {
 		}
 		return n
 	}
-	js := jetStreamAdmin(t, srv.ClientURL())
+	js := natstest.Admin(t, srv.ClientURL())
 	deleteStream := func() {
 		t.Helper()
 		if err := js.DeleteStream(ctx, b.Stream()); err != nil {
@@ -266,22 +259,6 @@ func insertOrders(ctx context.Context, t *testing.T, pool *pgxpool.Pool, from, t
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-// jetStreamAdmin is a JetStream client of the test's own, as an operator's
-// tool would be, closed at the test's end.
-func jetStreamAdmin(t *testing.T, url string) jetstream.JetStream {
-	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
 }
 
 // startOneAttemptRelay runs a relay on b that dead-letters an event at its

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/broker/brokertest"
+	"github.com/sluice-dev/sluice/internal/broker/natsbroker/natstest"
 	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
 )
 
@@ -184,26 +185,10 @@ func TestALongStallLeavesThePublisherWorking(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Close() })
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	admin, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	admin := natstest.Admin(t, srv.ClientURL())
 	setNoAck := func(on bool) {
 		t.Helper()
-		st, err := admin.Stream(context.Background(), n.Stream())
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := st.CachedInfo().Config
-		cfg.NoAck = on
-		if _, err := admin.UpdateStream(context.Background(), cfg); err != nil {
-			t.Fatal(err)
-		}
+		natstest.TuneStream(t, admin, n.Stream(), func(c *jetstream.StreamConfig) { c.NoAck = on })
 	}
 
 	setNoAck(true)

@@ -8,12 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/broker/brokertest"
 	"github.com/sluice-dev/sluice/internal/broker/natsbroker"
+	"github.com/sluice-dev/sluice/internal/broker/natsbroker/natstest"
 	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
 )
 
@@ -64,7 +64,7 @@ func TestDeduplicatesByEventID(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	js := jsAdmin(t, srv.ClientURL())
+	js := natstest.Admin(t, srv.ClientURL())
 	st, err := js.Stream(ctx, b.Stream())
 	if err != nil {
 		t.Fatal(err)
@@ -224,7 +224,7 @@ func TestPublishBatch(t *testing.T) {
 			}
 		}
 	}
-	js := jsAdmin(t, srv.ClientURL())
+	js := natstest.Admin(t, srv.ClientURL())
 	st, err := js.Stream(ctx, b.Stream())
 	if err != nil {
 		t.Fatal(err)
@@ -344,27 +344,11 @@ func TestShardedSubjectsAndSubscribeShard(t *testing.T) {
 	}
 }
 
-// jsAdmin is a JetStream client of the test's own, as an operator's tool
-// would be, closed at the test's end.
-func jsAdmin(t *testing.T, url string) jetstream.JetStream {
-	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
-}
-
 // deleteStream deletes b's stream behind its back, as an operator (or a
 // JetStream cluster losing it) would while relays run.
 func deleteStream(t *testing.T, url string, b *natsbroker.JetStream) {
 	t.Helper()
-	if err := jsAdmin(t, url).DeleteStream(context.Background(), b.Stream()); err != nil {
+	if err := natstest.Admin(t, url).DeleteStream(context.Background(), b.Stream()); err != nil {
 		t.Fatalf("delete stream %s: %v", b.Stream(), err)
 	}
 }
@@ -373,7 +357,7 @@ func deleteStream(t *testing.T, url string, b *natsbroker.JetStream) {
 func streamMsgs(t *testing.T, url string, b *natsbroker.JetStream) uint64 {
 	t.Helper()
 	ctx := context.Background()
-	st, err := jsAdmin(t, url).Stream(ctx, b.Stream())
+	st, err := natstest.Admin(t, url).Stream(ctx, b.Stream())
 	if err != nil {
 		t.Fatalf("stream %s: %v", b.Stream(), err)
 	}
@@ -387,16 +371,7 @@ func streamMsgs(t *testing.T, url string, b *natsbroker.JetStream) uint64 {
 // tuneStream changes b's stream's settings as an operator would.
 func tuneStream(t *testing.T, js jetstream.JetStream, b *natsbroker.JetStream, f func(*jetstream.StreamConfig)) {
 	t.Helper()
-	ctx := context.Background()
-	st, err := js.Stream(ctx, b.Stream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := st.CachedInfo().Config
-	f(&cfg)
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	natstest.TuneStream(t, js, b.Stream(), f)
 }
 
 // A publish that finds no stream (deleted while the relay ran) is not the
@@ -607,7 +582,7 @@ func TestOpenKeepsTheOperatorsStreamSettings(t *testing.T) {
 	t.Parallel()
 	srv := startNATS(t)
 	ctx := context.Background()
-	js := jsAdmin(t, srv.ClientURL())
+	js := natstest.Admin(t, srv.ClientURL())
 
 	ns := brokertest.Namespace(t)
 	b := open(t, srv.ClientURL(), broker.Options{Namespace: ns})
@@ -641,7 +616,7 @@ func TestStoreRefusalsTellTheStreamFromTheMessage(t *testing.T) {
 	t.Parallel()
 	srv := startNATS(t)
 	ctx := context.Background()
-	js := jsAdmin(t, srv.ClientURL())
+	js := natstest.Admin(t, srv.ClientURL())
 	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
 	msg := func(i int, topic string, payload string) broker.Message {
 		return broker.Message{ID: "id-" + strconv.Itoa(i), Topic: topic, AggregateType: "a", AggregateID: "x", AggregateSeq: int64(i + 1),
@@ -688,7 +663,7 @@ func TestStoreRefusalsTellTheStreamFromTheMessage(t *testing.T) {
 func TestAStreamThatStopsAcknowledgingIsUnavailable(t *testing.T) {
 	t.Parallel()
 	srv := startNATS(t)
-	js := jsAdmin(t, srv.ClientURL())
+	js := natstest.Admin(t, srv.ClientURL())
 	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
 	msgs := brokertest.Messages(6, 3)
 	if err := b.Publish(context.Background(), msgs[0]); err != nil {
