@@ -376,14 +376,7 @@ func TestSignedOutPageOnlyAfterTheSessionEnded(t *testing.T) {
 		t.Fatalf("/signed-out with a live session: %d to %q, want 303 to the dashboard", resp.StatusCode, resp.Header.Get("Location"))
 	}
 	stale := b.sessionCookie(h.base)
-	req, _ := http.NewRequest(http.MethodPost, h.base+"/logout", nil)
-	req.Header.Set("X-CSRF-Token", token)
-	req.Header.Set("Sec-Fetch-Site", "same-origin")
-	resp, err := nr.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp := h.logout(t, b, token)
 	if resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("logout: %d", resp.StatusCode)
 	}

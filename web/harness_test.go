@@ -225,6 +225,21 @@ func (b *browser) get(t *testing.T, u, accept string) (*http.Response, string) {
 	return resp, string(data)
 }
 
+// logout signs b out as its Sign out button does (htmx's header, same
+// origin), without following the redirect to the provider.
+func (h *harness) logout(t *testing.T, b *browser, token string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, h.base+"/logout", nil)
+	req.Header.Set("X-CSRF-Token", token)
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	resp, err := b.noRedirects().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp
+}
+
 func (b *browser) noRedirects() *http.Client {
 	c := *b.Client
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

@@ -335,14 +335,7 @@ func TestForgedPostsAreRefusedAndAudited(t *testing.T) {
 	}
 	// The real thing, with the header htmx sends: logout works and goes to
 	// the provider's end_session_endpoint.
-	req, _ := http.NewRequest(http.MethodPost, h.base+"/logout", nil)
-	req.Header.Set("X-CSRF-Token", token)
-	req.Header.Set("Sec-Fetch-Site", "same-origin")
-	resp, err := nr.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp := h.logout(t, b, token)
 	loc, _ := url.Parse(resp.Header.Get("Location"))
 	if resp.StatusCode != http.StatusSeeOther || loc == nil || !strings.HasPrefix(loc.String(), h.idp.Issuer()) ||
 		loc.Query().Get("id_token_hint") == "" || loc.Query().Get("post_logout_redirect_uri") != h.base+"/signed-out" {

@@ -33,35 +33,15 @@ import (
 // aggregate's in order.
 func TestStreamDeletedUnderTheRelayDeadLettersNothing(t *testing.T) {
 	t.Parallel()
-	srv, err := natsembedded.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	pool := dbtest.New(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: "gone"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	r := startOneAttemptRelay(ctx, t, pool, b)
-
+	g := newOneAttemptRig(t, "gone")
+	ctx, pool, b, r, count := g.ctx, g.pool, g.b, g.r, g.count
 	const aggregates = 10
 	insert := func(from, to int) { t.Helper(); insertOrders(ctx, t, pool, from, to, aggregates) }
-	count := func(status string) int64 {
-		var n int64
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE status = $1`, status).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
 
 	insert(0, 100)
 	testkit.UntilCount(t, "the first 100 events published", 100, func() int64 { return count("published") })
 
-	js := natstest.Admin(t, srv.ClientURL())
+	js := natstest.Admin(t, g.url)
 	if err := js.DeleteStream(ctx, b.Stream()); err != nil {
 		t.Fatalf("delete the stream: %v", err)
 	}
@@ -99,29 +79,10 @@ func TestStreamDeletedUnderTheRelayDeadLettersNothing(t *testing.T) {
 // duplicate window drops when sent again), each aggregate's in order.
 func TestJetStreamThatStopsAcknowledgingDeadLettersNothing(t *testing.T) {
 	t.Parallel()
-	srv, err := natsembedded.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	pool := dbtest.New(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: "stalled"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	r := startOneAttemptRelay(ctx, t, pool, b)
+	g := newOneAttemptRig(t, "stalled")
+	ctx, pool, b, r, count := g.ctx, g.pool, g.b, g.r, g.count
 	const aggregates = 10
-	count := func(status string) int64 {
-		var n int64
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE status = $1`, status).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	js := natstest.Admin(t, srv.ClientURL())
+	js := natstest.Admin(t, g.url)
 	setNoAck := func(on bool) {
 		t.Helper()
 		natstest.TuneStream(t, js, b.Stream(), func(c *jetstream.StreamConfig) { c.NoAck = on })
@@ -261,13 +222,36 @@ func insertOrders(ctx context.Context, t *testing.T, pool *pgxpool.Pool, from, t
 	}
 }
 
-// startOneAttemptRelay runs a relay on b that dead-letters an event at its
-// first counted failure, until ctx ends (the test waits for it to stop).
-// Its publish timeout outlasts the client's own retries of a publish no
-// stream answers (about half a second), which tell a deleted stream.
-func startOneAttemptRelay(ctx context.Context, t *testing.T, pool *pgxpool.Pool, b broker.Publisher) *outbox.Relay {
+// oneAttemptRig is an embedded JetStream, a test database and a relay on
+// them that dead-letters an event at its first counted failure, running
+// until the test ends. The relay's publish timeout outlasts the client's
+// own retries of a publish no stream answers (about half a second), which
+// tell a deleted stream.
+type oneAttemptRig struct {
+	t    *testing.T
+	ctx  context.Context
+	url  string
+	pool *pgxpool.Pool
+	b    *natsbroker.JetStream
+	r    *outbox.Relay
+}
+
+func newOneAttemptRig(t *testing.T, namespace string) *oneAttemptRig {
 	t.Helper()
-	r, err := outbox.NewRelay(pool, b, outbox.RelayConfig{
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	g := &oneAttemptRig{t: t, url: srv.ClientURL(), pool: dbtest.New(t)}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	g.ctx = ctx
+	if g.b, err = natsbroker.Open(ctx, g.url, broker.Options{Namespace: namespace}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.b.Close() })
+	g.r, err = outbox.NewRelay(g.pool, g.b, outbox.RelayConfig{
 		Name: "relay", BatchSize: 25, PollInterval: 20 * time.Millisecond, Lease: 6 * time.Second, PublishTimeout: time.Second,
 		MaxAttempts: 1, Backoff: outbox.Backoff{Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond},
 	}, nil, nil)
@@ -278,12 +262,22 @@ func startOneAttemptRelay(ctx context.Context, t *testing.T, pool *pgxpool.Pool,
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := r.Run(rctx); err != nil && rctx.Err() == nil {
+		if err := g.r.Run(rctx); err != nil && rctx.Err() == nil {
 			t.Error(err)
 		}
 	}()
 	t.Cleanup(func() { stop(); <-done })
-	return r
+	return g
+}
+
+// count is how many of the rig's outbox events have status.
+func (g *oneAttemptRig) count(status string) int64 {
+	g.t.Helper()
+	var n int64
+	if err := g.pool.QueryRow(g.ctx, `SELECT count(*) FROM outbox_event WHERE status = $1`, status).Scan(&n); err != nil {
+		g.t.Fatal(err)
+	}
+	return n
 }
 
 // checkStream reads every message of stream: want of them, once each (by
