@@ -46,14 +46,7 @@ func TestStreamDeletedUnderTheRelayDeadLettersNothing(t *testing.T) {
 		t.Fatalf("delete the stream: %v", err)
 	}
 	insert(100, 200)
-	testkit.Until(t, "the 100 events committed after the deletion published, or one dead-lettered", func() bool {
-		return count("published") == 200 || count("dead") > 0
-	})
-	if dead := count("dead"); dead != 0 {
-		var lastErr string
-		_ = pool.QueryRow(ctx, `SELECT last_error FROM outbox_event WHERE status = 'dead' LIMIT 1`).Scan(&lastErr)
-		t.Fatalf("%d events dead-lettered because the stream was gone (one: %s)", dead, lastErr)
-	}
+	g.untilPublishedNoneDead("the 100 events committed after the deletion", 200, "the stream was gone")
 	var spent int64
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE attempts > 0 AND status <> 'published'`).Scan(&spent); err != nil || spent != 0 {
 		t.Fatalf("%d events left with a spent attempt (%v)", spent, err)
@@ -99,14 +92,7 @@ func TestJetStreamThatStopsAcknowledgingDeadLettersNothing(t *testing.T) {
 		return r.Stats().Failed >= 2*aggregates || count("dead") > 0
 	})
 	setNoAck(false)
-	testkit.Until(t, "the 100 events committed during the stall published, or one dead-lettered", func() bool {
-		return count("published") == 200 || count("dead") > 0
-	})
-	if dead := count("dead"); dead != 0 {
-		var lastErr string
-		_ = pool.QueryRow(ctx, `SELECT last_error FROM outbox_event WHERE status = 'dead' LIMIT 1`).Scan(&lastErr)
-		t.Fatalf("%d events dead-lettered because JetStream did not acknowledge (one: %s)", dead, lastErr)
-	}
+	g.untilPublishedNoneDead("the 100 events committed during the stall", 200, "JetStream did not acknowledge")
 	checkStream(ctx, t, js, b.Stream(), 200, aggregates)
 }
 
@@ -268,6 +254,21 @@ func newOneAttemptRig(t *testing.T, namespace string) *oneAttemptRig {
 	}()
 	t.Cleanup(func() { stop(); <-done })
 	return g
+}
+
+// untilPublishedNoneDead waits until published events are published, and
+// fails if one is dead-lettered first (what: the events awaited; cause:
+// what the broker did).
+func (g *oneAttemptRig) untilPublishedNoneDead(what string, published int64, cause string) {
+	g.t.Helper()
+	testkit.Until(g.t, what+" published, or one dead-lettered", func() bool {
+		return g.count("published") == published || g.count("dead") > 0
+	})
+	if dead := g.count("dead"); dead != 0 {
+		var lastErr string
+		_ = g.pool.QueryRow(g.ctx, `SELECT last_error FROM outbox_event WHERE status = 'dead' LIMIT 1`).Scan(&lastErr)
+		g.t.Fatalf("%d events dead-lettered because %s (one: %s)", dead, cause, lastErr)
+	}
 }
 
 // count is how many of the rig's outbox events have status.
