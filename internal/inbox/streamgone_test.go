@@ -210,9 +210,9 @@ func insertOrders(ctx context.Context, t *testing.T, pool *pgxpool.Pool, from, t
 
 // oneAttemptRig is an embedded JetStream, a test database and a relay on
 // them that dead-letters an event at its first counted failure, running
-// until the test ends. The relay's publish timeout outlasts the client's
-// own retries of a publish no stream answers (about half a second), which
-// tell a deleted stream.
+// until the test ends. Its lease is the shortest RELAY_LEASE allows (1 s),
+// so its publish timeout is the shortest a relay runs with (a third of
+// it): a deleted stream must still be told from a stall within it.
 type oneAttemptRig struct {
 	t    *testing.T
 	ctx  context.Context
@@ -238,7 +238,7 @@ func newOneAttemptRig(t *testing.T, namespace string) *oneAttemptRig {
 	}
 	t.Cleanup(func() { g.b.Close() })
 	g.r, err = outbox.NewRelay(g.pool, g.b, outbox.RelayConfig{
-		Name: "relay", BatchSize: 25, PollInterval: 20 * time.Millisecond, Lease: 6 * time.Second, PublishTimeout: time.Second,
+		Name: "relay", BatchSize: 25, PollInterval: 20 * time.Millisecond, Lease: time.Second,
 		MaxAttempts: 1, Backoff: outbox.Backoff{Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond},
 	}, nil, nil)
 	if err != nil {

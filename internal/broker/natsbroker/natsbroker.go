@@ -159,7 +159,7 @@ func (n *JetStream) ShardFilter(shards, shard int) string {
 func (n *JetStream) Publish(ctx context.Context, msg broker.Message) error {
 	m := n.natsMsg(msg)
 	before := n.acks.Load()
-	if _, err := n.js.PublishMsg(ctx, m); err != nil {
+	if _, err := n.js.PublishMsg(ctx, m, noResponderRetries...); err != nil {
 		return n.publishError(ctx, m.Subject, err, before)
 	}
 	n.acks.Add(1)
@@ -183,7 +183,7 @@ func (n *JetStream) PublishBatch(ctx context.Context, msgs []broker.Message) []e
 			errs[i] = n.publishError(ctx, m.Subject, err, before)
 			continue
 		}
-		f, err := n.js.PublishMsgAsync(m)
+		f, err := n.js.PublishMsgAsync(m, noResponderRetries...)
 		if err != nil {
 			errs[i] = n.publishError(ctx, m.Subject, err, before)
 			continue
@@ -262,6 +262,16 @@ func (n *JetStream) publishError(ctx context.Context, subject string, err error,
 	}
 	return fmt.Errorf("broker: publish to %s: %w", subject, err)
 }
+
+// noResponderRetries are the client's own retries of a publish no stream
+// answered ("no responders": JetStream restarting, or the stream gone): two,
+// 50 ms apart, instead of the client's 250 ms. Its answer must come within
+// the shortest publish timeout the relay allows (RELAY_LEASE's minimum of
+// 1 s ÷ 3): with the default wait a deleted stream took about half a second
+// to tell, so under a short publish timeout it looked like a stall, and the
+// relay paused without ever creating the stream again. The relay's pause
+// and probe are the retries that matter.
+var noResponderRetries = []jetstream.PublishOpt{jetstream.WithRetryAttempts(2), jetstream.WithRetryWait(50 * time.Millisecond)}
 
 // ackTimedOut says whether a publish ended waiting for JetStream's ack:
 // its context's deadline (the relay's publish timeout), or the client's
