@@ -160,3 +160,78 @@ func TestDashboardAndMetricsShowABoundedHeldCountAsALowerBound(t *testing.T) {
 		return ok, fmt.Errorf("metrics:\n%s", grepLines(body, "sluice_outbox_held"))
 	})
 }
+
+// The relays' reports (outbox_relay) reach the dashboard and /metrics with
+// one definition: no relay with events pending is flagged; a relay paused on
+// a broker outage is counted and flagged; a relay that dies without signing
+// off is silent.
+func TestDashboardAndMetricsShowTheRelaysReports(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{tick: 50 * time.Millisecond})
+	ctx := context.Background()
+	if err := db.WithTx(ctx, h.pool, func(tx pgx.Tx) error {
+		_, err := outbox.Insert(ctx, tx, outbox.Event{AggregateType: "relays", AggregateID: "1", Topic: "orders",
+			EventType: "relays.v1", Payload: json.RawMessage(`{}`)})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t)
+	h.login(t, b, "oncall", "oncall", "")
+	relaysTile := func(want, hint string, metrics ...string) {
+		t.Helper()
+		testkit.Eventually(t, "the relays tile to read "+want+" ("+hint+")", func() (bool, error) {
+			_, body := b.get(t, h.base+"/", "text/html")
+			tile := doc(t, body).Find(`[data-testid="relays"]`)
+			got := strings.TrimSpace(tile.Text())
+			gotHint := strings.TrimSpace(tile.Parent().Find(".hint").Text())
+			return got == want && strings.Contains(gotHint, hint) && tile.Parent().HasClass("warn"),
+				fmt.Errorf("relays tile %q (%q), warn %v", got, gotHint, tile.Parent().HasClass("warn"))
+		})
+		testkit.Eventually(t, "/metrics to agree", func() (bool, error) {
+			_, body := b.get(t, h.base+"/metrics", "")
+			for _, m := range metrics {
+				if !strings.Contains(body, "\n"+m+"\n") {
+					return false, fmt.Errorf("metrics lack %s:\n%s", m, grepLines(body, "sluice_outbox_relays"))
+				}
+			}
+			return true, nil
+		})
+	}
+	relaysTile("0", "no relay reports: nothing publishes the pending events",
+		`sluice_outbox_relays{state="running"} 0`, `sluice_outbox_relays{state="paused"} 0`, `sluice_outbox_relays{state="silent"} 0`)
+
+	// A relay whose broker refuses every publish pauses.
+	relayPool, err := db.OpenConfig(ctx, h.pool.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := outbox.NewRelay(relayPool, refusingPublisher{}, outbox.RelayConfig{Name: "paused", DisableListen: true,
+		PollInterval: 10 * time.Millisecond, ReportInterval: 50 * time.Millisecond,
+		Backoff: outbox.Backoff{Base: 10 * time.Millisecond, Cap: time.Hour}, OutagePauseCap: 20 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayCtx, kill := context.WithCancel(ctx)
+	defer kill()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(relayCtx) }()
+	relaysTile("1", "1 of 1 paused for",
+		`sluice_outbox_relays{state="running"} 0`, `sluice_outbox_relays{state="paused"} 1`, `sluice_outbox_relays{state="silent"} 0`)
+
+	// It dies without signing off: its connections go first.
+	relayPool.Close()
+	kill()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	relaysTile("0", "1 stopped reporting without signing off",
+		`sluice_outbox_relays{state="running"} 0`, `sluice_outbox_relays{state="paused"} 0`, `sluice_outbox_relays{state="silent"} 1`)
+}
+
+// refusingPublisher is a broker that cannot be reached.
+type refusingPublisher struct{}
+
+func (refusingPublisher) Publish(context.Context, broker.Message) error {
+	return fmt.Errorf("%w: connection refused", broker.ErrUnavailable)
+}

@@ -21,7 +21,7 @@ type collector struct {
 	seen map[string]bool
 
 	backlog, oldest, dead, held, unknown, reconcile, stuck, discrepancies, clients *prometheus.Desc
-	jobs, paused, heldPartial                                                      *prometheus.Desc
+	jobs, paused, heldPartial, relays                                              *prometheus.Desc
 }
 
 // Register adds the feed's gauges to reg.
@@ -45,13 +45,16 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 			"Open payment discrepancies: provider evidence contradicts our record.", nil, nil),
 		jobs: prometheus.NewDesc("sluice_console_bulk_jobs",
 			"Unfinished bulk jobs by state (pending: waiting for a runner; running: claimed).", []string{"state"}, nil),
+		relays: prometheus.NewDesc("sluice_outbox_relays",
+			"Relays by what their reports in outbox_relay say: running; paused on a broker outage (they probe and resume by themselves); silent (stopped reporting without signing off, in the last hour: killed, host lost, cut off from the database).",
+			[]string{"state"}, nil),
 		paused: prometheus.NewDesc("sluice_outbox_topic_paused",
 			"1 for each topic an operator paused (relays do not publish it until it is resumed).", []string{"topic"}, nil),
 	})
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs, c.paused, c.heldPartial} {
+	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs, c.paused, c.heldPartial, c.relays} {
 		ch <- d
 	}
 }
@@ -99,6 +102,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.jobs, prometheus.GaugeValue, float64(pending), outbox.JobPending)
 	ch <- prometheus.MustNewConstMetric(c.jobs, prometheus.GaugeValue, float64(running), outbox.JobRunning)
+	ch <- prometheus.MustNewConstMetric(c.relays, prometheus.GaugeValue, float64(s.Relays.Running), "running")
+	ch <- prometheus.MustNewConstMetric(c.relays, prometheus.GaugeValue, float64(s.Relays.Paused), "paused")
+	ch <- prometheus.MustNewConstMetric(c.relays, prometheus.GaugeValue, float64(s.Relays.Silent), "silent")
 }
 
 func b2f(b bool) float64 {

@@ -48,6 +48,7 @@ type Snapshot struct {
 	Jobs             []JobProgress         // unfinished bulk jobs and the newest few, newest first
 	Chain            audit.ChainStatus     // the audit chain's latest verifications
 	Approvals        payments.PendingState // four-eyes requests waiting (count and newest id)
+	Relays           outbox.Relays         // what the relays' reports say: running, paused on a broker outage, silent
 }
 
 // JobProgress is a bulk job's progress (internal/outbox owns it).
@@ -84,6 +85,7 @@ type snapshotReads struct {
 	jobs      outbox.JobsRead
 	chain     audit.ChainStatusRead
 	approvals payments.PendingRead
+	relays    outbox.RelaysRead
 }
 
 func newSnapshotReads(since time.Time, cur *outbox.BacklogCursor) *snapshotReads {
@@ -97,7 +99,7 @@ func newSnapshotReads(since time.Time, cur *outbox.BacklogCursor) *snapshotReads
 }
 
 func (r *snapshotReads) all() []db.Read {
-	return []db.Read{&r.backlog, &r.published, &r.dead, &r.held, &r.payments, &r.inbox, &r.jobs, &r.approvals, &r.chain}
+	return []db.Read{&r.backlog, &r.published, &r.dead, &r.held, &r.payments, &r.inbox, &r.jobs, &r.approvals, &r.chain, &r.relays}
 }
 
 // SnapshotQuery is the statement ReadSnapshot runs for a previous snapshot
@@ -130,7 +132,7 @@ func ReadSnapshot(ctx context.Context, q Querier, prev time.Time, cur *outbox.Ba
 		Dead: b.Dead, Paused: b.Paused, Held: r.held.Held, Published: r.published.Count, Unknown: h.Unknown, ReconcileAge: h.ReconcileAge,
 		StuckProcessing: h.StuckProcessing, Discrepancies: h.Discrepancies,
 		RecentDead: r.dead.Events, RecentUnknown: h.RecentUnknown, Consumers: r.inbox.Consumers,
-		Jobs: r.jobs.Jobs, Chain: r.chain.Status, Approvals: r.approvals.State,
+		Jobs: r.jobs.Jobs, Chain: r.chain.Status, Approvals: r.approvals.State, Relays: r.relays.Relays,
 	}
 	if elapsed := s.At.Sub(since).Seconds(); elapsed > 0 {
 		s.PublishedPerSec = float64(s.Published) / elapsed

@@ -49,6 +49,10 @@ type RelayConfig struct {
 	// broker cannot be reached (default DefaultOutagePauseCap, never above
 	// Backoff.Cap): how long after the broker is back it may take to notice.
 	OutagePauseCap time.Duration
+	// ReportInterval is how often Run reports the relay in outbox_relay for
+	// the console (default DefaultReportInterval); the console shows a
+	// relay as silent after three intervals without a report.
+	ReportInterval time.Duration
 	// Shards > 0 publishes each event on the shard of its aggregate
 	// (broker.ShardOf), so consumers can read shards in parallel and still
 	// see each aggregate in order; consumers must use the same count. 0:
@@ -88,6 +92,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 		c.OutagePauseCap = DefaultOutagePauseCap
 	}
 	c.OutagePauseCap = min(c.OutagePauseCap, c.Backoff.Cap)
+	if c.ReportInterval <= 0 {
+		c.ReportInterval = DefaultReportInterval
+	}
 	if c.PublishTimeout <= 0 || c.PublishTimeout > c.Lease/2 {
 		c.PublishTimeout = c.Lease / 3
 	}
@@ -113,6 +120,10 @@ type Relay struct {
 	// paused: this relay's last batch met a broker outage (counted in
 	// sluice_outbox_relays_broker_unavailable).
 	paused atomic.Bool
+	// reportNow asks Run's reporter to report at once (a pause began or
+	// ended); ident is what the report says of the relay.
+	reportNow chan struct{}
+	ident     relayIdentity
 
 	compacted atomic.Int64 // when compactCounts last ran (Unix ns)
 
@@ -268,10 +279,12 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig, log *slog.Logg
 	}
 	return &Relay{
 		pool: pool, pub: pub, cfg: cfg, m: m,
-		log:      log.With("relay", cfg.Name),
-		claimSQL: claimSQL(!cfg.DisableOrdering),
-		tracer:   relayTracer(cfg.Tracing),
-		cursor:   claimCursor{fullWalk: defaultFullWalk},
+		log:       log.With("relay", cfg.Name),
+		claimSQL:  claimSQL(!cfg.DisableOrdering),
+		tracer:    relayTracer(cfg.Tracing),
+		cursor:    claimCursor{fullWalk: defaultFullWalk},
+		reportNow: make(chan struct{}, 1),
+		ident:     newRelayIdentity(),
 	}, nil
 }
 
@@ -1193,6 +1206,10 @@ func (r *Relay) setPaused(paused bool) {
 	} else {
 		r.m.unavailable.Dec()
 	}
+	select {
+	case r.reportNow <- struct{}{}:
+	default: // a report is already due
+	}
 }
 
 // outagePause is how long Run waits before claiming again after the run-th
@@ -1230,9 +1247,20 @@ func (r *Relay) release(ctx context.Context, evs []claimed, token uuid.UUID, del
 // at once after a batch that was full or published anything, otherwise sleeps up to PollInterval or until a
 // NOTIFY on db.OutboxChannel arrives (a db.Listener holds its own
 // connection; polling is the fallback when notifications are lost or the
-// listener is down). It returns only after the listener has stopped.
+// listener is down). It returns only after the listener has stopped. While
+// it runs, the relay reports in outbox_relay for the console (report.go).
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.setPaused(false) // a stopped relay pauses no more
+	// The relay's row in outbox_relay: reported while Run runs, deleted
+	// when it returns (report.go).
+	var reporting sync.WaitGroup
+	rctx, stopReporting := context.WithCancel(ctx)
+	reporting.Go(func() { r.reportLoop(rctx) })
+	defer func() {
+		stopReporting()
+		reporting.Wait()
+		r.signOff(ctx)
+	}()
 	var wake <-chan struct{} // nil: never ready, poll only
 	if !r.cfg.DisableListen {
 		l := db.NewListener(r.pool, db.OutboxChannel, r.log)

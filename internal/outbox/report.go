@@ -1,0 +1,175 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sluice-dev/sluice/internal/db"
+)
+
+// A running relay reports into outbox_relay (migration 00026): when it
+// starts, every ReportInterval, and at once when it pauses on a broker
+// outage or resumes; it deletes its row when Run returns. The console reads
+// the rows (RelaysRead), so the dashboard can tell a backlog that grows
+// because relays are paused, or because none runs, from one that is merely
+// behind. Before, that lived only in each relay process's /metrics.
+//
+// A relay that stops without deleting its row (kill -9, its host lost, cut
+// off from the database) is silent once the row's expires_at passes, three
+// intervals after its last report: two reports may be lost or late (a busy
+// pool, a slow commit) before a live relay looks silent. Reports remove rows
+// silent for longer than relayForgetAfter, so a killed relay is shown for an
+// hour, not for ever.
+
+// DefaultReportInterval is how often a relay reports that it runs.
+const DefaultReportInterval = 5 * time.Second
+
+// relaySilentAfter is how many report intervals without a report make a
+// relay silent.
+const relaySilentAfter = 3
+
+// relayForgetAfter is how long a silent relay's row is kept.
+const relayForgetAfter = time.Hour
+
+// reportSQL writes the relay's row. Rows silent for an hour go in the same
+// statement; SKIP LOCKED, so two relays cleaning up at once neither wait for
+// nor deadlock on each other. unavailable_since keeps the time of the
+// pause's first report while the pause lasts.
+const reportSQL = `
+WITH now AS (SELECT coalesce($2::timestamptz, statement_timestamp()) AS t),
+gone AS (
+	DELETE FROM outbox_relay WHERE id IN (
+		SELECT id FROM outbox_relay, now
+		 WHERE expires_at < now.t - $7::bigint * interval '1 microsecond' AND id <> $1
+		   FOR UPDATE SKIP LOCKED))
+INSERT INTO outbox_relay AS r (id, name, host, pid, started_at, seen_at, expires_at, unavailable_since)
+SELECT $1, $3, $4, $5, now.t, now.t, now.t + $6::bigint * interval '1 microsecond', CASE WHEN $8 THEN now.t END
+  FROM now
+ON CONFLICT (id) DO UPDATE
+   SET seen_at = excluded.seen_at, expires_at = excluded.expires_at,
+       unavailable_since = CASE WHEN $8 THEN coalesce(r.unavailable_since, excluded.seen_at) END`
+
+// relayIdentity is what a relay's row says of it besides its state.
+type relayIdentity struct {
+	id   uuid.UUID
+	host string
+	pid  int
+}
+
+func newRelayIdentity() relayIdentity {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return relayIdentity{id: uuid.New(), host: host, pid: os.Getpid()}
+}
+
+// report writes the relay's row once.
+func (r *Relay) report(ctx context.Context) error {
+	_, err := r.pool.Exec(ctx, reportSQL, r.ident.id, r.nowArg(), r.cfg.Name, r.ident.host, r.ident.pid,
+		(relaySilentAfter * r.cfg.ReportInterval).Microseconds(), relayForgetAfter.Microseconds(), r.paused.Load())
+	if err != nil {
+		return fmt.Errorf("outbox: relay report: %w", err)
+	}
+	return nil
+}
+
+// reportLoop reports until ctx ends: at once, then every ReportInterval and
+// whenever the relay pauses or resumes (reportNow). A failed report is
+// logged once per run of failures; the relay goes on publishing meanwhile,
+// since the database it reports to is the one it claims from.
+func (r *Relay) reportLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.ReportInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		rctx, cancel := context.WithTimeout(ctx, r.cfg.ReportInterval)
+		err := r.report(rctx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil && !failing:
+			r.log.Warn("outbox: relay could not report; the console may show it as silent", "err", err)
+			failing = true
+		case err == nil && failing:
+			r.log.Info("outbox: relay reports again")
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.reportNow:
+		}
+	}
+}
+
+// signOff deletes the relay's row when Run returns, so a relay stopped on
+// purpose is not shown as silent. ctx is already done by then: the delete
+// has its own few seconds.
+func (r *Relay) signOff(ctx context.Context) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := r.pool.Exec(dctx, `DELETE FROM outbox_relay WHERE id = $1`, r.ident.id); err != nil {
+		r.log.Warn("outbox: relay could not sign off; the console shows it as silent for an hour", "err", err)
+	}
+}
+
+// Relays is what the relays' reports say, as of one read. The three counts
+// partition the rows: a relay is alive (running, or paused) from its first
+// report until its row expires (three report intervals without a report),
+// and silent from then until a report removes it an hour later.
+type Relays struct {
+	Running int64 `json:"running"` // reporting and not paused
+	// Paused are running but paused on a broker outage: they probe the
+	// broker and resume by themselves (sluice_outbox_relays_broker_unavailable
+	// in each relay's own metrics).
+	Paused      int64     `json:"paused"`
+	PausedSince time.Time `json:"paused_since"` // the earliest of their pauses (zero: none)
+	// Silent stopped reporting without signing off, within the last hour:
+	// killed, their host lost, or cut off from the database.
+	Silent     int64     `json:"silent"`
+	SilentLast time.Time `json:"silent_last"` // the newest of the silent relays' last reports (zero: none)
+}
+
+// Alive is how many relays report: running or paused.
+func (r Relays) Alive() int64 { return r.Running + r.Paused }
+
+// RelaysRead reads Relays as a db.Read part, on the database's clock (the
+// statement's now(), the snapshot's time): the table holds a row per relay
+// and per relay killed in the last hour, so it is read whole.
+type RelaysRead struct {
+	Relays Relays
+}
+
+// Expr implements db.Read.
+func (r *RelaysRead) Expr(*db.Args) string {
+	return `SELECT json_build_object(
+	    'running', count(*) FILTER (WHERE expires_at > now() AND unavailable_since IS NULL),
+	    'paused', count(*) FILTER (WHERE expires_at > now() AND unavailable_since IS NOT NULL),
+	    'paused_since', min(unavailable_since) FILTER (WHERE expires_at > now()),
+	    'silent', count(*) FILTER (WHERE expires_at <= now()),
+	    'silent_last', max(seen_at) FILTER (WHERE expires_at <= now()))
+	  FROM outbox_relay`
+}
+
+// Scan implements db.Read.
+func (r *RelaysRead) Scan(src []byte) error {
+	r.Relays = Relays{}
+	if err := db.ScanJSON(src, &r.Relays); err != nil {
+		return fmt.Errorf("outbox: relays: %w", err)
+	}
+	return nil
+}
+
+// ReadRelays reads the relays' reports on their own.
+func ReadRelays(ctx context.Context, q db.RowQuerier) (Relays, error) {
+	var rr RelaysRead
+	if _, err := db.ReadAll(ctx, q, &rr); err != nil {
+		return Relays{}, err
+	}
+	return rr.Relays, nil
+}

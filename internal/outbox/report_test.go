@@ -1,0 +1,174 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/outbox"
+	"github.com/sluice-dev/sluice/internal/testkit"
+)
+
+func readRelays(t *testing.T, q db.RowQuerier) outbox.Relays {
+	t.Helper()
+	r, err := outbox.ReadRelays(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// A relay's report follows it: running from the start, paused while the
+// broker refuses (since the pause began, not since the last report), running
+// again once the broker is back, and gone when Run returns.
+func TestRelayReportsRunningPausedAndStopped(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	var refusing atomic.Bool
+	pub := &memPublisher{name: "r", log: &pubLog{}, before: func(context.Context, broker.Message) error {
+		if refusing.Load() {
+			return fmt.Errorf("%w: connection refused", broker.ErrUnavailable)
+		}
+		return nil
+	}}
+	if got := readRelays(t, pool); got != (outbox.Relays{}) {
+		t.Fatalf("before any relay ran: %+v, want nothing", got)
+	}
+	r, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Name: "reporter", PollInterval: 5 * time.Millisecond,
+		DisableListen: true, ReportInterval: 50 * time.Millisecond,
+		Backoff: outbox.Backoff{Base: 5 * time.Millisecond, Cap: time.Hour}, OutagePauseCap: 20 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	testkit.Until(t, "the relay reported as running", func() bool { return readRelays(t, pool) == outbox.Relays{Running: 1} })
+	var name, host string
+	var pid int
+	if err := pool.QueryRow(ctx, `SELECT name, host, pid FROM outbox_relay`).Scan(&name, &host, &pid); err != nil {
+		t.Fatal(err)
+	}
+	if name != "reporter" || host == "" || pid <= 0 {
+		t.Fatalf("the relay's row says name %q, host %q, pid %d", name, host, pid)
+	}
+
+	// The broker refuses: the relay pauses on the next batch and says so at
+	// once, not at its next interval's report.
+	refusing.Store(true)
+	bulkInsert(t, pool, "report", 5, 1)
+	var paused outbox.Relays
+	testkit.Until(t, "the relay reported as paused", func() bool {
+		paused = readRelays(t, pool)
+		return paused.Paused == 1
+	})
+	if paused.Running != 0 || paused.Silent != 0 || paused.PausedSince.IsZero() {
+		t.Fatalf("paused relay read as %+v", paused)
+	}
+	// Reports go on while the pause lasts; its start stays put.
+	var seen time.Time
+	if err := pool.QueryRow(ctx, `SELECT seen_at FROM outbox_relay`).Scan(&seen); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Until(t, "another report during the pause", func() bool {
+		var now time.Time
+		if err := pool.QueryRow(ctx, `SELECT seen_at FROM outbox_relay`).Scan(&now); err != nil {
+			t.Fatal(err)
+		}
+		return now.After(seen)
+	})
+	if again := readRelays(t, pool); again.Paused != 1 || !again.PausedSince.Equal(paused.PausedSince) {
+		t.Fatalf("later in the pause: %+v, want paused since %s still", again, paused.PausedSince)
+	}
+
+	refusing.Store(false)
+	testkit.Until(t, "the relay reported as running again", func() bool { return readRelays(t, pool) == outbox.Relays{Running: 1} })
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 0 {
+		t.Fatalf("%d rows in outbox_relay after Run returned, want its row deleted", rows)
+	}
+}
+
+// A relay that dies without signing off (here: its connections cut, as a
+// kill -9 or a lost host would) is shown as silent once three intervals
+// pass, and another relay's report forgets it an hour later. A live relay
+// is never forgotten, whatever the others' clocks.
+func TestARelayThatDiesIsSilentThenForgotten(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	victimPool, err := db.OpenConfig(ctx, pool.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := &memPublisher{name: "victim", log: &pubLog{}}
+	victim, err := outbox.NewRelay(victimPool, pub, outbox.RelayConfig{Name: "victim", DisableListen: true,
+		ReportInterval: 50 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victimCtx, kill := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- victim.Run(victimCtx) }()
+	testkit.Until(t, "the victim reported as running", func() bool { return readRelays(t, pool) == outbox.Relays{Running: 1} })
+	var last time.Time
+	if err := pool.QueryRow(ctx, `SELECT seen_at FROM outbox_relay`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	// Its connections go first, so it cannot sign off.
+	victimPool.Close()
+	kill()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var silent outbox.Relays
+	testkit.Until(t, "the dead relay shown as silent", func() bool {
+		silent = readRelays(t, pool)
+		return silent.Silent == 1
+	})
+	if silent.Running != 0 || silent.Paused != 0 || silent.SilentLast.Before(last) {
+		t.Fatalf("dead relay read as %+v, want silent only, last seen at or after %s", silent, last)
+	}
+
+	// A relay whose clock is two hours on reports: the victim, silent for
+	// over an hour by that clock, goes; the reporter itself stays.
+	later := time.Now().Add(2 * time.Hour)
+	other, err := outbox.NewRelay(pool, &memPublisher{name: "other", log: &pubLog{}}, outbox.RelayConfig{Name: "other",
+		DisableListen: true, Now: func() time.Time { return later }}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	otherDone := make(chan error, 1)
+	go func() { otherDone <- other.Run(otherCtx) }()
+	testkit.Until(t, "the silent relay forgotten", func() bool {
+		var names []string
+		if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(name), '{}') FROM outbox_relay`).Scan(&names); err != nil {
+			t.Fatal(err)
+		}
+		return len(names) == 1 && names[0] == "other"
+	})
+	if got := readRelays(t, pool); got != (outbox.Relays{Running: 1}) {
+		t.Fatalf("after the silent relay was forgotten: %+v, want the one live relay", got)
+	}
+	stop()
+	if err := <-otherDone; err != nil {
+		t.Fatal(err)
+	}
+}
