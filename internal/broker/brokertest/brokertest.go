@@ -1,7 +1,7 @@
 // Package brokertest holds what every adapter's tests share: a namespace of
 // their own per test, ordered messages over a few aggregates, and the checks
-// each adapter must pass (RoundTrip, RetriesInPlace). It imports the
-// contract only.
+// each adapter must pass (RoundTrip, RetriesInPlace), and a RabbitMQ node
+// of a test's own (StartRabbitNode).
 package brokertest
 
 import (

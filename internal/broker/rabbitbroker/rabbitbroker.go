@@ -65,6 +65,83 @@ type RabbitMQ struct {
 	// waitConfirm waits for a publish's confirm (a seam for tests that play
 	// a publish giving up after its message was sent).
 	waitConfirm func(ctx context.Context, dc *amqp.DeferredConfirmation) (bool, error)
+
+	// block is the connection's connection.blocked state (watchBlocked).
+	block blockState
+}
+
+// errBlocked ends the wait for a confirm when RabbitMQ blocks the
+// connection.
+var errBlocked = errors.New("connection blocked")
+
+// blockState follows RabbitMQ's connection.blocked and connection.unblocked
+// for the publishing connection. A resource alarm (memory or disk) blocks
+// every publishing connection: the server stops reading from it, so a
+// publish sent meanwhile waits unread in the socket and is delivered once
+// the alarm clears. Until 7 December (twenty-fifth session) the adapter did
+// not listen: each publish waited its whole timeout for a confirm (a third
+// of RELAY_LEASE, 10 s by default) before the relay paused, and the relay's
+// probes went on filling the socket with messages delivered again later.
+// Now a publish while blocked is refused at once, unsent, and a publish
+// waiting for its confirm when the block begins stops waiting: both are
+// broker.ErrUnavailable with the server's reason.
+type blockState struct {
+	mu     sync.Mutex
+	reason string          // the server's reason; "" when not blocked
+	now    context.Context // cancelled (cause errBlocked) when a block begins
+	cancel context.CancelCauseFunc
+}
+
+func (b *blockState) reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cancel != nil {
+		b.cancel(nil)
+	}
+	b.reason = ""
+	b.now, b.cancel = context.WithCancelCause(context.Background())
+}
+
+// state is the current block's reason ("" when none) and the context that
+// is cancelled when the next block begins.
+func (b *blockState) state() (string, context.Context) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.reason, b.now
+}
+
+func (b *blockState) set(blocked bool, reason string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case blocked && b.reason == "":
+		if reason == "" {
+			reason = "no reason given"
+		}
+		b.reason = reason
+		b.cancel(errBlocked)
+	case !blocked && b.reason != "":
+		b.reason = ""
+		b.now, b.cancel = context.WithCancelCause(context.Background())
+	}
+}
+
+// watchBlocked follows one connection's blocked notifications until it
+// closes (the client then closes the channel); a new connection starts
+// unblocked.
+func (r *RabbitMQ) watchBlocked(conn *amqp.Connection) {
+	r.block.reset()
+	notes := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go func() {
+		for b := range notes {
+			r.block.set(b.Active, b.Reason)
+			if b.Active {
+				r.log.Warn("broker: RabbitMQ blocked publishing (a resource alarm): publishes are refused until it unblocks", "reason", b.Reason)
+			} else {
+				r.log.Info("broker: RabbitMQ unblocked publishing")
+			}
+		}
+	}()
 }
 
 // Open connects to RabbitMQ and declares the exchange.
@@ -109,6 +186,7 @@ func (r *RabbitMQ) channelLocked() (*amqp.Channel, error) {
 			return nil, fmt.Errorf("broker: connect to RabbitMQ: %w", err)
 		}
 		r.conn = conn
+		r.watchBlocked(conn)
 	}
 	ch, err := r.conn.Channel()
 	if err != nil {
@@ -165,6 +243,13 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", broker.ErrUnavailable, err)
 	}
+	blocked, blockStarts := r.block.state()
+	if blocked != "" {
+		r.mu.Lock()
+		delete(r.waiting, token)
+		r.mu.Unlock()
+		return fmt.Errorf("%w: RabbitMQ blocks publishing (%s; a resource alarm): %s not sent", broker.ErrUnavailable, blocked, msg.ID)
+	}
 	// However the publish ends, its entry goes: a return that arrives after
 	// a give-up (timeout, closed channel) is dropped, not kept forever.
 	defer func() {
@@ -216,8 +301,22 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 		}
 		return fmt.Errorf("broker: publish to %s/%s: %w", r.exchange, msg.Topic, err)
 	}
-	acked, err := r.waitConfirm(ctx, dc)
+	// The wait ends too when a block begins: the server reads nothing more
+	// from the connection until the alarm clears.
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(blockStarts, func() { cancel(errBlocked) })
+	defer stop()
+	acked, err := r.waitConfirm(wctx, dc)
 	if err != nil {
+		if errors.Is(context.Cause(wctx), errBlocked) && ctx.Err() == nil {
+			reason, _ := r.block.state()
+			if reason == "" {
+				reason = "unblocked since"
+			}
+			return fmt.Errorf("%w: RabbitMQ blocked publishing (%s; a resource alarm) before it confirmed %s, which it may deliver once unblocked",
+				broker.ErrUnavailable, reason, msg.ID)
+		}
 		if ch.IsClosed() {
 			return fmt.Errorf("%w: confirm of %s: %w", broker.ErrUnavailable, msg.ID, err)
 		}
@@ -524,12 +623,18 @@ func (r *RabbitMQ) SubscribeShard(ctx context.Context, s broker.ShardSubscriptio
 	}
 }
 
-// Close closes the connection.
+// closeTimeout bounds the close handshake: a connection RabbitMQ blocks (a
+// resource alarm) is not read by the server, so its close-ok never comes
+// while the alarm lasts, and a relay stopped then never exited.
+const closeTimeout = 5 * time.Second
+
+// Close closes the connection, waiting up to closeTimeout for the broker's
+// answer; the connection is closed either way.
 func (r *RabbitMQ) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.conn != nil && !r.conn.IsClosed() {
-		return r.conn.Close()
+		return r.conn.CloseDeadline(time.Now().Add(closeTimeout))
 	}
 	return nil
 }

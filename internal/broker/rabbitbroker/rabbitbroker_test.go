@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/broker/brokertest"
 	"github.com/sluice-dev/sluice/internal/broker/rabbitbroker"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 func openRabbit(t *testing.T, opts broker.Options) *rabbitbroker.RabbitMQ {
@@ -161,5 +162,81 @@ func TestNackOfAFullQueueIsUnavailable(t *testing.T) {
 	err = r.Publish(context.Background(), msgs[1])
 	if !errors.Is(err, broker.ErrUnavailable) || !strings.Contains(err.Error(), "nack") {
 		t.Fatalf("publish into a full reject-publish queue: %v, want ErrUnavailable (nack)", err)
+	}
+}
+
+// A memory or disk alarm blocks every publishing connection of the node
+// (connection.blocked): the server reads nothing more from it until the
+// alarm clears. The adapter listens: the publish that meets the block stops
+// waiting for its confirm when the block begins, not at its timeout, and a
+// publish while blocked is refused unsent, so the relay's probes do not
+// pile up messages in the socket to be delivered again later. Both are
+// broker.ErrUnavailable, naming the server's reason. Runs on a node of its
+// own: the alarm would block every other test's publishes.
+func TestABlockedConnectionIsAnOutageAndSendsNothing(t *testing.T) {
+	t.Parallel()
+	node := brokertest.StartRabbitNode(t)
+	ctx := context.Background()
+	r, err := rabbitbroker.Open(ctx, node.URL, broker.Options{Namespace: brokertest.Namespace(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	alarm := false
+	t.Cleanup(func() { // first, should a check fail while the alarm is on
+		if alarm {
+			node.Alarm(t, false)
+		}
+	})
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	msgs := brokertest.Messages(3, 1)
+	if err := r.Publish(ctx, msgs[0]); err != nil {
+		t.Fatalf("publish before the alarm: %v", err)
+	}
+
+	node.Alarm(t, true)
+	alarm = true
+	// This publish is what the server blocks the connection on: it is sent
+	// and waits in the socket. The wait for its confirm ends with the block,
+	// long before this context's minute.
+	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err = r.Publish(waitCtx, msgs[1])
+	if !errors.Is(err, broker.ErrUnavailable) || !strings.Contains(err.Error(), "low on memory") || waitCtx.Err() != nil {
+		t.Fatalf("publish as the alarm blocks the connection: %v (context: %v); want ErrUnavailable naming the alarm, before the context ends", err, waitCtx.Err())
+	}
+	blockedCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err = r.Publish(blockedCtx, msgs[2])
+	if !errors.Is(err, broker.ErrUnavailable) || !strings.Contains(err.Error(), "not sent") {
+		t.Fatalf("publish while blocked: %v, want ErrUnavailable, not sent", err)
+	}
+
+	node.Alarm(t, false)
+	alarm = false
+	testkit.Until(t, "a publish to succeed once the alarm clears", func() bool {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return r.Publish(pctx, msgs[2]) == nil
+	})
+	// msgs[1] left the socket before msgs[2] was sent again, and msgs[2] was
+	// not sent while blocked: the queue holds each message once.
+	conn, err := amqp.Dial(node.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclarePassive(r.Queue("reader"), true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Messages != 3 {
+		t.Fatalf("the queue holds %d messages, want 3: the one sent before the alarm, the one it blocked, and the one refused unsent then published", q.Messages)
 	}
 }
