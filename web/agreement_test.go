@@ -198,6 +198,31 @@ func TestDashboardAndMetricsShowTheRelaysReports(t *testing.T) {
 			return true, nil
 		})
 	}
+	// The relays page lists the one relay, flagged, in the state the tile
+	// counts it in; the tile links to it.
+	relaysPage := func(state ...string) {
+		t.Helper()
+		_, body := b.get(t, h.base+"/relays", "text/html")
+		d := doc(t, body)
+		rows := d.Find(`[data-testid="relay-row"]`)
+		got := strings.TrimSpace(rows.Find(`[data-testid="relay-state"]`).Text())
+		if rows.Length() != 1 || strings.TrimSpace(rows.Find(`[data-testid="relay-name"]`).Text()) != "paused" || !rows.HasClass("warn") {
+			t.Fatalf("relays page lists %d rows (%q), want the one relay, flagged", rows.Length(), strings.TrimSpace(rows.Text()))
+		}
+		for _, w := range state {
+			if !strings.Contains(got, w) {
+				t.Fatalf("relays page says %q, want %q", got, w)
+			}
+		}
+		_, body = b.get(t, h.base+"/", "text/html")
+		if href := doc(t, body).Find(`[data-testid="relays"]`).AttrOr("href", ""); href != "/relays" {
+			t.Fatalf("the relays tile links to %q, want /relays", href)
+		}
+	}
+	_, body := b.get(t, h.base+"/relays", "text/html")
+	if empty := strings.TrimSpace(doc(t, body).Find(`[data-testid="relays-empty"]`).Text()); !strings.Contains(empty, "No relay reports") {
+		t.Fatalf("relays page with no relay says %q", empty)
+	}
 	relaysTile("0", "no relay reports: nothing publishes the pending events",
 		`sluice_outbox_relays{state="running"} 0`, `sluice_outbox_relays{state="paused"} 0`, `sluice_outbox_relays{state="silent"} 0`)
 
@@ -218,6 +243,7 @@ func TestDashboardAndMetricsShowTheRelaysReports(t *testing.T) {
 	go func() { done <- r.Run(relayCtx) }()
 	relaysTile("1", "1 of 1 paused for",
 		`sluice_outbox_relays{state="running"} 0`, `sluice_outbox_relays{state="paused"} 1`, `sluice_outbox_relays{state="silent"} 0`)
+	relaysPage("paused for", "the broker is unavailable")
 
 	// It dies without signing off: its connections go first.
 	relayPool.Close()
@@ -227,6 +253,7 @@ func TestDashboardAndMetricsShowTheRelaysReports(t *testing.T) {
 	}
 	relaysTile("0", "1 stopped reporting without signing off",
 		`sluice_outbox_relays{state="running"} 0`, `sluice_outbox_relays{state="paused"} 0`, `sluice_outbox_relays{state="silent"} 1`)
+	relaysPage("silent for", "stopped reporting without signing off")
 }
 
 // refusingPublisher is a broker that cannot be reached.

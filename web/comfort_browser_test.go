@@ -134,6 +134,14 @@ func comfortHarness(t *testing.T) (*harness, comfortSeed) {
 	account := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 7, Balance: "1000"})
 	s.op = paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: account, Merchant: "m1", Invoice: "inv-1", Amount: "250.00", Age: 3 * time.Minute}).String()
 	s.seqs = record(t, h, audit.Event{ActorSub: "sub-carol", ActorName: "Carol", Action: "outbox.retry", TargetType: "outbox_event", TargetID: s.dead, Reason: "consumer back"})
+	// The relays page's three states: running, paused (flagged) and silent (flagged).
+	if _, err := h.pool.Exec(context.Background(), `
+		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, unavailable_since)
+		VALUES (gen_random_uuid(), 'relay-1', 'host-a', 101, now() - interval '1 hour', now(), now() + interval '1 hour', NULL),
+		       (gen_random_uuid(), 'relay-2', 'host-b', 102, now() - interval '1 hour', now(), now() + interval '1 hour', now() - interval '2 minutes'),
+		       (gen_random_uuid(), 'relay-3', 'host-c', 103, now() - interval '1 hour', now() - interval '5 minutes', now() - interval '4 minutes', NULL)`); err != nil {
+		t.Fatal(err)
+	}
 	return h, s
 }
 
@@ -153,7 +161,7 @@ func TestBrowserThemesKeepTextReadable(t *testing.T) {
 	defer cancel()
 	browserLogin(tctx, t, h, "admin")
 	pages := []string{"/", "/outbox", "/outbox?status=dead", "/outbox/" + s.dead, "/payments", "/payments/" + s.op,
-		"/inbox", "/audit", "/audit/" + strconv.FormatInt(s.seqs[0], 10), "/jobs", "/outbox/bulk", "/approvals", "/no-such-page"}
+		"/inbox", "/relays", "/audit", "/audit/" + strconv.FormatInt(s.seqs[0], 10), "/jobs", "/outbox/bulk", "/approvals", "/no-such-page"}
 	for _, scheme := range []string{"dark", "light"} {
 		if err := chromedp.Do(tctx, colorScheme(scheme)); err != nil {
 			t.Fatal(err)

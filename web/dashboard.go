@@ -35,6 +35,7 @@ func (a *App) page(c echo.Context, title, active string) views.Page {
 			{a.links.Outbox, views.NavItem{Href: "/outbox", Label: "Outbox", Key: "o", TestID: "nav-outbox"}},
 			{a.links.Payments, views.NavItem{Href: "/payments", Label: "Payments", Key: "p", TestID: "nav-payments"}},
 			{a.links.Inbox, views.NavItem{Href: "/inbox", Label: "Inbox", Key: "i", TestID: "nav-inbox"}},
+			{a.links.Relays, views.NavItem{Href: "/relays", Label: "Relays", Key: "l", TestID: "nav-relays"}},
 		} {
 			if n.on {
 				p.Nav = append(p.Nav, n.item)

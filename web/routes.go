@@ -46,6 +46,7 @@ func (a *App) routes() []route {
 		{http.MethodPost, "/outbox/topics/:topic/pause", api(auth.PermOutboxAct), a.handleTopic(true)},
 		{http.MethodPost, "/outbox/topics/:topic/resume", api(auth.PermOutboxAct), a.handleTopic(false)},
 		{http.MethodGet, "/inbox", page(auth.PermView), a.inboxPage},
+		{http.MethodGet, "/relays", page(auth.PermView), a.relaysPage},
 		// Open to every signed-in user: the handler checks CONSOLE_REVEAL_ROLES
 		// (and audits a refusal), so the roles that may reveal are configurable.
 		{http.MethodPost, "/pii/reveal", api(auth.PermView), a.reveal},

@@ -49,11 +49,11 @@ func TestEachDemoUserSignsInAndSeesTheirNavigation(t *testing.T) {
 		// trail for auditors and admins.
 		var nav []string
 		d.Find(`[data-testid="nav"] a`).Each(func(_ int, s *goquery.Selection) { nav = append(nav, s.AttrOr("data-testid", "")) })
-		want := map[string]string{"oncall": "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-approvals,nav-jobs",
-			"auditor": "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-audit",
-			"admin":   "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-approvals,nav-jobs,nav-audit"}[user]
+		want := map[string]string{"oncall": "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-relays,nav-approvals,nav-jobs",
+			"auditor": "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-relays,nav-audit",
+			"admin":   "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-relays,nav-approvals,nav-jobs,nav-audit"}[user]
 		if want == "" {
-			want = "nav-dashboard,nav-outbox,nav-payments,nav-inbox"
+			want = "nav-dashboard,nav-outbox,nav-payments,nav-inbox,nav-relays"
 		}
 		if strings.Join(nav, ",") != want {
 			t.Errorf("%s: navigation %v, want %s", user, nav, want)

@@ -28,9 +28,9 @@ import (
 // DefaultReportInterval is how often a relay reports that it runs.
 const DefaultReportInterval = 5 * time.Second
 
-// relaySilentAfter is how many report intervals without a report make a
+// RelaySilentAfter is how many report intervals without a report make a
 // relay silent.
-const relaySilentAfter = 3
+const RelaySilentAfter = 3
 
 // relayForgetAfter is how long a silent relay's row is kept.
 const relayForgetAfter = time.Hour
@@ -71,7 +71,7 @@ func newRelayIdentity() relayIdentity {
 // report writes the relay's row once.
 func (r *Relay) report(ctx context.Context) error {
 	_, err := r.pool.Exec(ctx, reportSQL, r.ident.id, r.nowArg(), r.cfg.Name, r.ident.host, r.ident.pid,
-		(relaySilentAfter * r.cfg.ReportInterval).Microseconds(), relayForgetAfter.Microseconds(), r.paused.Load())
+		(RelaySilentAfter * r.cfg.ReportInterval).Microseconds(), relayForgetAfter.Microseconds(), r.paused.Load())
 	if err != nil {
 		return fmt.Errorf("outbox: relay report: %w", err)
 	}
@@ -172,4 +172,63 @@ func ReadRelays(ctx context.Context, q db.RowQuerier) (Relays, error) {
 		return Relays{}, err
 	}
 	return rr.Relays, nil
+}
+
+// RelayRow is one relay's report, as the relays page lists it.
+type RelayRow struct {
+	Name, Host string
+	PID        int
+	StartedAt  time.Time
+	SeenAt     time.Time  // its last report
+	Since      *time.Time // paused: since when; silent: its last report (nil when running)
+	State      string     // RelayRunning, RelayPaused or RelaySilent, on the database's clock
+}
+
+// The states of a relay's report (Relays counts them).
+const (
+	RelayRunning = "running"
+	RelayPaused  = "paused"
+	RelaySilent  = "silent"
+)
+
+// relayListLimit bounds the relays page: one row per relay and per relay
+// killed in the last hour.
+const relayListLimit = 1000
+
+// ListRelays lists the relays' reports, those that need a look first
+// (paused, then silent), then by name and host, with the database's time
+// they were judged at.
+func ListRelays(ctx context.Context, q db.Querier) ([]RelayRow, time.Time, error) {
+	rows, err := q.Query(ctx, `
+		SELECT name, host, pid, started_at, seen_at,
+		       CASE WHEN expires_at <= now() THEN seen_at ELSE unavailable_since END,
+		       CASE WHEN expires_at <= now() THEN 'silent' WHEN unavailable_since IS NOT NULL THEN 'paused' ELSE 'running' END,
+		       now()
+		  FROM outbox_relay
+		 ORDER BY CASE WHEN expires_at <= now() THEN 1 WHEN unavailable_since IS NOT NULL THEN 0 ELSE 2 END, name, host, pid
+		 LIMIT `+db.Int(relayListLimit))
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("outbox: list relays: %w", err)
+	}
+	defer rows.Close()
+	var (
+		out []RelayRow
+		at  time.Time
+	)
+	for rows.Next() {
+		var r RelayRow
+		if err := rows.Scan(&r.Name, &r.Host, &r.PID, &r.StartedAt, &r.SeenAt, &r.Since, &r.State, &at); err != nil {
+			return nil, time.Time{}, fmt.Errorf("outbox: list relays: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, time.Time{}, fmt.Errorf("outbox: list relays: %w", err)
+	}
+	if len(out) == 0 { // no row carried the time
+		if err := q.QueryRow(ctx, `SELECT now()`).Scan(&at); err != nil {
+			return nil, time.Time{}, fmt.Errorf("outbox: list relays: %w", err)
+		}
+	}
+	return out, at, nil
 }
