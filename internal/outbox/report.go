@@ -32,8 +32,13 @@ const DefaultReportInterval = 5 * time.Second
 // relay silent.
 const RelaySilentAfter = 3
 
-// relayForgetAfter is how long a silent relay's row is kept.
+// relayForgetAfter is how long a silent relay's row is kept and shown: the
+// reads pass over older rows, so a relay killed when no other relay runs to
+// delete its row is not shown for ever.
 const relayForgetAfter = time.Hour
+
+// forgetInterval is relayForgetAfter as an SQL interval literal.
+var forgetInterval = fmt.Sprintf("interval '%d seconds'", int64(relayForgetAfter/time.Second))
 
 // reportSQL writes the relay's row. Rows silent for an hour go in the same
 // statement; SKIP LOCKED, so two relays cleaning up at once neither wait for
@@ -153,7 +158,8 @@ func (r *RelaysRead) Expr(*db.Args) string {
 	    'paused_since', min(unavailable_since) FILTER (WHERE expires_at > now()),
 	    'silent', count(*) FILTER (WHERE expires_at <= now()),
 	    'silent_last', max(seen_at) FILTER (WHERE expires_at <= now()))
-	  FROM outbox_relay`
+	  FROM outbox_relay
+	 WHERE expires_at >= now() - ` + forgetInterval
 }
 
 // Scan implements db.Read.
@@ -205,6 +211,7 @@ func ListRelays(ctx context.Context, q db.Querier) ([]RelayRow, time.Time, error
 		       CASE WHEN expires_at <= now() THEN 'silent' WHEN unavailable_since IS NOT NULL THEN 'paused' ELSE 'running' END,
 		       now()
 		  FROM outbox_relay
+		 WHERE expires_at >= now() - `+forgetInterval+`
 		 ORDER BY CASE WHEN expires_at <= now() THEN 1 WHEN unavailable_since IS NOT NULL THEN 0 ELSE 2 END, name, host, pid
 		 LIMIT `+db.Int(relayListLimit))
 	if err != nil {

@@ -172,3 +172,29 @@ func TestARelayThatDiesIsSilentThenForgotten(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Relays delete rows silent for an hour; when none runs to delete them, the
+// console's reads pass over them all the same, so a relay killed days ago
+// is not shown as silent for ever.
+func TestARelaySilentForOverAnHourIsNotShownWhenNoRelayDeletesIt(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at)
+		VALUES (gen_random_uuid(), 'long-gone', 'h', 1, now() - interval '3 hours', now() - interval '62 minutes', now() - interval '61 minutes'),
+		       (gen_random_uuid(), 'just-gone', 'h', 2, now() - interval '3 hours', now() - interval '60 minutes', now() - interval '59 minutes')`); err != nil {
+		t.Fatal(err)
+	}
+	got := readRelays(t, pool)
+	if got.Silent != 1 || got.Alive() != 0 {
+		t.Fatalf("relays read as %+v, want only the relay silent for less than an hour", got)
+	}
+	rows, _, err := outbox.ListRelays(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Name != "just-gone" || rows[0].State != outbox.RelaySilent || rows[0].Since == nil {
+		t.Fatalf("relays listed: %+v, want just-gone, silent", rows)
+	}
+}
