@@ -262,3 +262,44 @@ type refusingPublisher struct{}
 func (refusingPublisher) Publish(context.Context, broker.Message) error {
 	return fmt.Errorf("%w: connection refused", broker.ErrUnavailable)
 }
+
+// Running relays that publish differently are flagged on the tile, the
+// relays page and /metrics; a silent relay's settings do not count.
+func TestRelaysThatPublishDifferentlyAreFlagged(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{tick: 50 * time.Millisecond})
+	if _, err := h.pool.Exec(context.Background(), `
+		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, shards, ordered)
+		VALUES (gen_random_uuid(), 'sharded', 'h1', 1, now(), now(), now() + interval '1 hour', 16, true),
+		       (gen_random_uuid(), 'unsharded', 'h2', 2, now(), now(), now() + interval '1 hour', 0, true),
+		       (gen_random_uuid(), 'gone', 'h3', 3, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, false)`); err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t)
+	h.login(t, b, "support", "support", "")
+	testkit.Eventually(t, "the relays tile to flag the disagreement", func() (bool, error) {
+		_, body := b.get(t, h.base+"/", "text/html")
+		tile := doc(t, body).Find(`[data-testid="relays"]`)
+		hint := strings.TrimSpace(tile.Parent().Find(".hint").Text())
+		return strings.TrimSpace(tile.Text()) == "2" && tile.Parent().HasClass("warn") &&
+				strings.Contains(hint, "relays publish differently (OUTBOX_SHARDS 0 and 16)") && !strings.Contains(hint, "RELAY_ORDERING"),
+			fmt.Errorf("relays tile %q (%q)", strings.TrimSpace(tile.Text()), hint)
+	})
+	testkit.Eventually(t, "/metrics to flag it", func() (bool, error) {
+		_, body := b.get(t, h.base+"/metrics", "")
+		return strings.Contains(body, "\nsluice_outbox_relays_disagree 1\n"), fmt.Errorf("metrics:\n%s", grepLines(body, "sluice_outbox_relays"))
+	})
+	_, body := b.get(t, h.base+"/relays", "text/html")
+	d := doc(t, body)
+	if alert := d.Find(`[data-testid="relays-disagree"]`).Text(); !strings.Contains(alert, "OUTBOX_SHARDS 0 and 16") {
+		t.Fatalf("relays page warning %q, want it to name OUTBOX_SHARDS 0 and 16", alert)
+	}
+	got := map[string]string{}
+	d.Find(`[data-testid="relay-row"]`).Each(func(_ int, s *goquery.Selection) {
+		got[strings.TrimSpace(s.Find(`[data-testid="relay-name"]`).Text())] = strings.TrimSpace(s.Find(`[data-testid="relay-shards"]`).Text()) +
+			" " + strings.TrimSpace(s.Find(`[data-testid="relay-ordering"]`).Text())
+	})
+	if fmt.Sprint(got) != "map[gone:16 off sharded:16 on unsharded:unsharded on]" {
+		t.Fatalf("relays page rows %v", got)
+	}
+}

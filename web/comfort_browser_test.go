@@ -136,10 +136,10 @@ func comfortHarness(t *testing.T) (*harness, comfortSeed) {
 	s.seqs = record(t, h, audit.Event{ActorSub: "sub-carol", ActorName: "Carol", Action: "outbox.retry", TargetType: "outbox_event", TargetID: s.dead, Reason: "consumer back"})
 	// The relays page's three states: running, paused (flagged) and silent (flagged).
 	if _, err := h.pool.Exec(context.Background(), `
-		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, unavailable_since)
-		VALUES (gen_random_uuid(), 'relay-1', 'host-a', 101, now() - interval '1 hour', now(), now() + interval '1 hour', NULL),
-		       (gen_random_uuid(), 'relay-2', 'host-b', 102, now() - interval '1 hour', now(), now() + interval '1 hour', now() - interval '2 minutes'),
-		       (gen_random_uuid(), 'relay-3', 'host-c', 103, now() - interval '1 hour', now() - interval '5 minutes', now() - interval '4 minutes', NULL)`); err != nil {
+		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, unavailable_since, shards, ordered)
+		VALUES (gen_random_uuid(), 'relay-1', 'host-a', 101, now() - interval '1 hour', now(), now() + interval '1 hour', NULL, 16, true),
+		       (gen_random_uuid(), 'relay-2', 'host-b', 102, now() - interval '1 hour', now(), now() + interval '1 hour', now() - interval '2 minutes', 16, true),
+		       (gen_random_uuid(), 'relay-3', 'host-c', 103, now() - interval '1 hour', now() - interval '5 minutes', now() - interval '4 minutes', NULL, 0, true)`); err != nil {
 		t.Fatal(err)
 	}
 	return h, s

@@ -10,13 +10,19 @@ import (
 )
 
 // relaysPage is GET /relays: every relay's report (outbox_relay), those that
-// need a look first. The dashboard's Relays tile counts the same rows.
+// need a look first, and a warning when the running relays publish
+// differently, as the dashboard's Relays tile counts them (outbox.Relays).
 func (a *App) relaysPage(c echo.Context) error {
-	relays, at, err := outbox.ListRelays(c.Request().Context(), a.pool)
+	ctx := c.Request().Context()
+	relays, at, err := outbox.ListRelays(ctx, a.pool)
+	if err != nil {
+		return err
+	}
+	counted, err := outbox.ReadRelays(ctx, a.pool)
 	if err != nil {
 		return err
 	}
 	d := views.RelaysData{At: at, Relays: relays, ReportEvery: outbox.DefaultReportInterval,
-		SilentAfter: outbox.RelaySilentAfter * outbox.DefaultReportInterval}
+		SilentAfter: outbox.RelaySilentAfter * outbox.DefaultReportInterval, Disagree: views.RelaysDisagreement(counted)}
 	return render(c, http.StatusOK, views.Relays(a.page(c, "Relays", "/relays"), d))
 }

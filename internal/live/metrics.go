@@ -21,7 +21,7 @@ type collector struct {
 	seen map[string]bool
 
 	backlog, oldest, dead, held, unknown, reconcile, stuck, discrepancies, clients *prometheus.Desc
-	jobs, paused, heldPartial, relays                                              *prometheus.Desc
+	jobs, paused, heldPartial, relays, relaysDisagree                              *prometheus.Desc
 }
 
 // Register adds the feed's gauges to reg.
@@ -48,13 +48,15 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 		relays: prometheus.NewDesc("sluice_outbox_relays",
 			"Relays by what their reports in outbox_relay say: running; paused on a broker outage (they probe and resume by themselves); silent (stopped reporting without signing off, in the last hour: killed, host lost, cut off from the database).",
 			[]string{"state"}, nil),
+		relaysDisagree: prometheus.NewDesc("sluice_outbox_relays_disagree",
+			"1 when running relays publish differently (OUTBOX_SHARDS or RELAY_ORDERING): consumers miss or reorder events.", nil, nil),
 		paused: prometheus.NewDesc("sluice_outbox_topic_paused",
 			"1 for each topic an operator paused (relays do not publish it until it is resumed).", []string{"topic"}, nil),
 	})
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs, c.paused, c.heldPartial, c.relays} {
+	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs, c.paused, c.heldPartial, c.relays, c.relaysDisagree} {
 		ch <- d
 	}
 }
@@ -105,6 +107,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.relays, prometheus.GaugeValue, float64(s.Relays.Running), "running")
 	ch <- prometheus.MustNewConstMetric(c.relays, prometheus.GaugeValue, float64(s.Relays.Paused), "paused")
 	ch <- prometheus.MustNewConstMetric(c.relays, prometheus.GaugeValue, float64(s.Relays.Silent), "silent")
+	ch <- prometheus.MustNewConstMetric(c.relaysDisagree, prometheus.GaugeValue, b2f(s.Relays.Disagree()))
 }
 
 func b2f(b bool) float64 {

@@ -51,8 +51,8 @@ gone AS (
 		SELECT id FROM outbox_relay, now
 		 WHERE expires_at < now.t - $7::bigint * interval '1 microsecond' AND id <> $1
 		   FOR UPDATE SKIP LOCKED))
-INSERT INTO outbox_relay AS r (id, name, host, pid, started_at, seen_at, expires_at, unavailable_since)
-SELECT $1, $3, $4, $5, now.t, now.t, now.t + $6::bigint * interval '1 microsecond', CASE WHEN $8 THEN now.t END
+INSERT INTO outbox_relay AS r (id, name, host, pid, started_at, seen_at, expires_at, unavailable_since, shards, ordered)
+SELECT $1, $3, $4, $5, now.t, now.t, now.t + $6::bigint * interval '1 microsecond', CASE WHEN $8 THEN now.t END, $9, $10
   FROM now
 ON CONFLICT (id) DO UPDATE
    SET seen_at = excluded.seen_at, expires_at = excluded.expires_at,
@@ -76,7 +76,8 @@ func newRelayIdentity() relayIdentity {
 // report writes the relay's row once.
 func (r *Relay) report(ctx context.Context) error {
 	_, err := r.pool.Exec(ctx, reportSQL, r.ident.id, r.nowArg(), r.cfg.Name, r.ident.host, r.ident.pid,
-		(RelaySilentAfter * r.cfg.ReportInterval).Microseconds(), relayForgetAfter.Microseconds(), r.paused.Load())
+		(RelaySilentAfter * r.cfg.ReportInterval).Microseconds(), relayForgetAfter.Microseconds(), r.paused.Load(),
+		r.cfg.Shards, !r.cfg.DisableOrdering)
 	if err != nil {
 		return fmt.Errorf("outbox: relay report: %w", err)
 	}
@@ -138,7 +139,18 @@ type Relays struct {
 	// killed, their host lost, or cut off from the database.
 	Silent     int64     `json:"silent"`
 	SilentLast time.Time `json:"silent_last"` // the newest of the silent relays' last reports (zero: none)
+	// Shards and Ordered are the distinct OUTBOX_SHARDS and RELAY_ORDERING
+	// of the alive relays, ascending: more than one value of either is a
+	// misconfiguration (Disagree).
+	Shards  []int  `json:"shards"`
+	Ordered []bool `json:"ordered"`
 }
+
+// Disagree reports alive relays that publish differently: on different
+// shard counts (a consumer reads one count's subjects or queues, so it never
+// sees what the others publish), or some with ordering and some without (an
+// aggregate's events may then overtake each other).
+func (r Relays) Disagree() bool { return len(r.Shards) > 1 || len(r.Ordered) > 1 }
 
 // Alive is how many relays report: running or paused.
 func (r Relays) Alive() int64 { return r.Running + r.Paused }
@@ -157,7 +169,9 @@ func (r *RelaysRead) Expr(*db.Args) string {
 	    'paused', count(*) FILTER (WHERE expires_at > now() AND unavailable_since IS NOT NULL),
 	    'paused_since', min(unavailable_since) FILTER (WHERE expires_at > now()),
 	    'silent', count(*) FILTER (WHERE expires_at <= now()),
-	    'silent_last', max(seen_at) FILTER (WHERE expires_at <= now()))
+	    'silent_last', max(seen_at) FILTER (WHERE expires_at <= now()),
+	    'shards', coalesce(array_agg(DISTINCT shards ORDER BY shards) FILTER (WHERE expires_at > now()), '{}'),
+	    'ordered', coalesce(array_agg(DISTINCT ordered ORDER BY ordered) FILTER (WHERE expires_at > now()), '{}'))
 	  FROM outbox_relay
 	 WHERE expires_at >= now() - ` + forgetInterval
 }
@@ -188,6 +202,8 @@ type RelayRow struct {
 	SeenAt     time.Time  // its last report
 	Since      *time.Time // paused: since when; silent: its last report (nil when running)
 	State      string     // RelayRunning, RelayPaused or RelaySilent, on the database's clock
+	Shards     int        // OUTBOX_SHARDS it publishes with (0: unsharded)
+	Ordered    bool       // RELAY_ORDERING
 }
 
 // The states of a relay's report (Relays counts them).
@@ -209,7 +225,7 @@ func ListRelays(ctx context.Context, q db.Querier) ([]RelayRow, time.Time, error
 		SELECT name, host, pid, started_at, seen_at,
 		       CASE WHEN expires_at <= now() THEN seen_at ELSE unavailable_since END,
 		       CASE WHEN expires_at <= now() THEN 'silent' WHEN unavailable_since IS NOT NULL THEN 'paused' ELSE 'running' END,
-		       now()
+		       shards, ordered, now()
 		  FROM outbox_relay
 		 WHERE expires_at >= now() - `+forgetInterval+`
 		 ORDER BY CASE WHEN expires_at <= now() THEN 1 WHEN unavailable_since IS NOT NULL THEN 0 ELSE 2 END, name, host, pid
@@ -224,7 +240,7 @@ func ListRelays(ctx context.Context, q db.Querier) ([]RelayRow, time.Time, error
 	)
 	for rows.Next() {
 		var r RelayRow
-		if err := rows.Scan(&r.Name, &r.Host, &r.PID, &r.StartedAt, &r.SeenAt, &r.Since, &r.State, &at); err != nil {
+		if err := rows.Scan(&r.Name, &r.Host, &r.PID, &r.StartedAt, &r.SeenAt, &r.Since, &r.State, &r.Shards, &r.Ordered, &at); err != nil {
 			return nil, time.Time{}, fmt.Errorf("outbox: list relays: %w", err)
 		}
 		out = append(out, r)

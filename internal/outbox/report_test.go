@@ -14,6 +14,9 @@ import (
 	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
+// counts are a read's running, paused and silent relays.
+func counts(r outbox.Relays) [3]int64 { return [3]int64{r.Running, r.Paused, r.Silent} }
+
 func readRelays(t *testing.T, q db.RowQuerier) outbox.Relays {
 	t.Helper()
 	r, err := outbox.ReadRelays(context.Background(), q)
@@ -37,7 +40,7 @@ func TestRelayReportsRunningPausedAndStopped(t *testing.T) {
 		}
 		return nil
 	}}
-	if got := readRelays(t, pool); got != (outbox.Relays{}) {
+	if got := readRelays(t, pool); counts(got) != [3]int64{} {
 		t.Fatalf("before any relay ran: %+v, want nothing", got)
 	}
 	r, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Name: "reporter", PollInterval: 5 * time.Millisecond,
@@ -50,7 +53,7 @@ func TestRelayReportsRunningPausedAndStopped(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
-	testkit.Until(t, "the relay reported as running", func() bool { return readRelays(t, pool) == outbox.Relays{Running: 1} })
+	testkit.Until(t, "the relay reported as running", func() bool { return counts(readRelays(t, pool)) == [3]int64{1, 0, 0} })
 	var name, host string
 	var pid int
 	if err := pool.QueryRow(ctx, `SELECT name, host, pid FROM outbox_relay`).Scan(&name, &host, &pid); err != nil {
@@ -89,7 +92,7 @@ func TestRelayReportsRunningPausedAndStopped(t *testing.T) {
 	}
 
 	refusing.Store(false)
-	testkit.Until(t, "the relay reported as running again", func() bool { return readRelays(t, pool) == outbox.Relays{Running: 1} })
+	testkit.Until(t, "the relay reported as running again", func() bool { return counts(readRelays(t, pool)) == [3]int64{1, 0, 0} })
 
 	cancel()
 	if err := <-done; err != nil {
@@ -125,7 +128,7 @@ func TestARelayThatDiesIsSilentThenForgotten(t *testing.T) {
 	victimCtx, kill := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- victim.Run(victimCtx) }()
-	testkit.Until(t, "the victim reported as running", func() bool { return readRelays(t, pool) == outbox.Relays{Running: 1} })
+	testkit.Until(t, "the victim reported as running", func() bool { return counts(readRelays(t, pool)) == [3]int64{1, 0, 0} })
 	var last time.Time
 	if err := pool.QueryRow(ctx, `SELECT seen_at FROM outbox_relay`).Scan(&last); err != nil {
 		t.Fatal(err)
@@ -164,7 +167,7 @@ func TestARelayThatDiesIsSilentThenForgotten(t *testing.T) {
 		}
 		return len(names) == 1 && names[0] == "other"
 	})
-	if got := readRelays(t, pool); got != (outbox.Relays{Running: 1}) {
+	if got := readRelays(t, pool); counts(got) != [3]int64{1, 0, 0} {
 		t.Fatalf("after the silent relay was forgotten: %+v, want the one live relay", got)
 	}
 	stop()
@@ -181,9 +184,9 @@ func TestARelaySilentForOverAnHourIsNotShownWhenNoRelayDeletesIt(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `
-		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at)
-		VALUES (gen_random_uuid(), 'long-gone', 'h', 1, now() - interval '3 hours', now() - interval '62 minutes', now() - interval '61 minutes'),
-		       (gen_random_uuid(), 'just-gone', 'h', 2, now() - interval '3 hours', now() - interval '60 minutes', now() - interval '59 minutes')`); err != nil {
+		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, shards, ordered)
+		VALUES (gen_random_uuid(), 'long-gone', 'h', 1, now() - interval '3 hours', now() - interval '62 minutes', now() - interval '61 minutes', 0, true),
+		       (gen_random_uuid(), 'just-gone', 'h', 2, now() - interval '3 hours', now() - interval '60 minutes', now() - interval '59 minutes', 0, true)`); err != nil {
 		t.Fatal(err)
 	}
 	got := readRelays(t, pool)
@@ -196,5 +199,56 @@ func TestARelaySilentForOverAnHourIsNotShownWhenNoRelayDeletesIt(t *testing.T) {
 	}
 	if len(rows) != 1 || rows[0].Name != "just-gone" || rows[0].State != outbox.RelaySilent || rows[0].Since == nil {
 		t.Fatalf("relays listed: %+v, want just-gone, silent", rows)
+	}
+}
+
+// Relays that publish differently (another OUTBOX_SHARDS, ordering on and
+// off) break what consumers rely on; the read says so while both run, and
+// not once the odd one has stopped.
+func TestRelaysThatPublishDifferentlyDisagree(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	run := func(name string, cfg outbox.RelayConfig) (stop func()) {
+		cfg.Name, cfg.DisableListen, cfg.ReportInterval = name, true, 50*time.Millisecond
+		r, err := outbox.NewRelay(pool, &memPublisher{name: name, log: &pubLog{}}, cfg, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx) }()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	stopSharded := run("sharded", outbox.RelayConfig{Shards: 16})
+	defer stopSharded()
+	testkit.Until(t, "the sharded relay reported", func() bool { return readRelays(t, pool).Running == 1 })
+	if got := readRelays(t, pool); got.Disagree() || fmt.Sprint(got.Shards, got.Ordered) != "[16] [true]" {
+		t.Fatalf("one relay: %+v, want shards [16], ordered [true], no disagreement", got)
+	}
+	stopOdd := run("unsharded-unordered", outbox.RelayConfig{DisableOrdering: true})
+	testkit.Until(t, "both relays reported", func() bool { return readRelays(t, pool).Running == 2 })
+	if got := readRelays(t, pool); !got.Disagree() || fmt.Sprint(got.Shards, got.Ordered) != "[0 16] [false true]" {
+		t.Fatalf("two relays publishing differently: %+v, want shards [0 16], ordered [false true], a disagreement", got)
+	}
+	rows, _, err := outbox.ListRelays(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]string{}
+	for _, r := range rows {
+		byName[r.Name] = fmt.Sprint(r.Shards, r.Ordered)
+	}
+	if byName["sharded"] != "16 true" || byName["unsharded-unordered"] != "0 false" {
+		t.Fatalf("relays listed with %v", byName)
+	}
+	stopOdd()
+	if got := readRelays(t, pool); got.Disagree() || got.Running != 1 {
+		t.Fatalf("after the odd relay stopped: %+v, want one relay and no disagreement", got)
 	}
 }

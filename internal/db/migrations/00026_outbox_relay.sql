@@ -21,7 +21,13 @@ CREATE TABLE outbox_relay (
     started_at        timestamptz NOT NULL,
     seen_at           timestamptz NOT NULL,         -- its last report (database clock)
     expires_at        timestamptz NOT NULL,         -- silent from then on: seen_at + 3 report intervals
-    unavailable_since timestamptz                   -- paused on a broker outage since (NULL: not paused)
+    unavailable_since timestamptz,                  -- paused on a broker outage since (NULL: not paused)
+    -- How it publishes: relays that disagree on these break what consumers
+    -- rely on (a sharded consumer never reads an unsharded subject; ordering
+    -- off lets an aggregate's events overtake each other), so the console
+    -- flags it.
+    shards            integer     NOT NULL,         -- OUTBOX_SHARDS (0: unsharded)
+    ordered           boolean     NOT NULL          -- RELAY_ORDERING
 ) WITH (fillfactor = 50);
 
 -- +goose Down
