@@ -2,6 +2,8 @@ package web_test
 
 import (
 	"context"
+	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +42,23 @@ func TestInboxPageAndDuplicateRatio(t *testing.T) {
 		billing.Find(`[data-testid="ratio"]`).Text() != "33.3%" || billing.Find(`[data-testid="spark-processed"]`).Length() != 1 {
 		t.Errorf("billing row %q", billing.Text())
 	}
+	// When it last applied, as of the snapshot: a consumer that stopped shows
+	// its silence here, whatever the outbox says.
+	if got := billing.Find(`[data-testid="last-applied"]`).Text(); !regexp.MustCompile(`^\d+(\.\d+)?(ms|s) ago$`).MatchString(got) {
+		t.Errorf("billing's last apply %q, want seconds ago", got)
+	}
+	// Set back by hand, as if it had stopped an hour ago.
+	if _, err := h.pool.Exec(ctx, `UPDATE inbox_consumer_shard SET applied_at = applied_at - interval '1 hour' WHERE consumer = 'billing'`); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "billing's last apply an hour ago", func() (bool, error) {
+		_, body := b.get(t, h.base+"/inbox", "text/html")
+		row := doc(t, body).Find(`[data-testid="consumer-row"]`).FilterFunction(func(_ int, s *goquery.Selection) bool {
+			return s.Find(`[data-testid="consumer"]`).Text() == "billing"
+		})
+		got := row.Find(`[data-testid="last-applied"]`).Text()
+		return strings.HasPrefix(got, "1h0") && strings.HasSuffix(got, " ago"), fmt.Errorf("billing's last apply %q", got)
+	})
 	if got := d.Find(`[data-testid="total-ratio"]`).Text(); got != "25.0%" {
 		t.Errorf("overall ratio %q, want 25.0%% (1 of 4 deliveries)", got)
 	}

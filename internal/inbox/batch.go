@@ -250,8 +250,9 @@ func (in *Inbox) handleBatchTx(ctx context.Context, tx pgx.Tx, consumer string, 
 			shard = int16(pos.Shard % counterShards)
 		}
 		_, err := tx.Exec(ctx, `
-			INSERT INTO inbox_consumer_shard (consumer, shard, processed) VALUES ($1, $2, $3)
-			ON CONFLICT (consumer, shard) DO UPDATE SET processed = inbox_consumer_shard.processed + EXCLUDED.processed`,
+			INSERT INTO inbox_consumer_shard (consumer, shard, processed, applied_at) VALUES ($1, $2, $3, now())
+			ON CONFLICT (consumer, shard) DO UPDATE SET processed = inbox_consumer_shard.processed + EXCLUDED.processed,
+			                                            applied_at = EXCLUDED.applied_at`,
 			consumer, shard, len(applied))
 		if err != nil {
 			return c, fmt.Errorf("inbox: count processed: %w", err)

@@ -173,8 +173,9 @@ func (in *Inbox) handle(ctx context.Context, consumer, msgID string, v *Version,
 			return err
 		}
 		_, err = tx.Exec(ctx, `
-			INSERT INTO inbox_consumer_shard (consumer, shard, processed) VALUES ($1, $2, 1)
-			ON CONFLICT (consumer, shard) DO UPDATE SET processed = inbox_consumer_shard.processed + 1`,
+			INSERT INTO inbox_consumer_shard (consumer, shard, processed, applied_at) VALUES ($1, $2, 1, now())
+			ON CONFLICT (consumer, shard) DO UPDATE SET processed = inbox_consumer_shard.processed + 1,
+			                                            applied_at = EXCLUDED.applied_at`,
 			consumer, shardOf(msgID))
 		return err
 	})

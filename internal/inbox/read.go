@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/sluice-dev/sluice/internal/db"
 )
@@ -13,6 +14,9 @@ type ConsumerStats struct {
 	Processed  int64  `json:"processed"`  // effects applied
 	Duplicates int64  `json:"duplicates"` // redeliveries absorbed
 	Stale      int64  `json:"stale"`      // out-of-order messages dropped
+	// LastApplied is when it last applied an effect (its transaction's
+	// start; zero before its first since migration 00027).
+	LastApplied time.Time `json:"last_applied"`
 }
 
 // ConsumersRead lists every consumer's counts, by name: a db.Read part, read
@@ -23,11 +27,12 @@ type ConsumersRead struct{ Consumers []ConsumerStats }
 // Expr implements db.Read.
 func (r *ConsumersRead) Expr(*db.Args) string {
 	return `SELECT coalesce(json_agg(json_build_object('consumer', consumer, 'processed', processed,
-	                                 'duplicates', duplicates, 'stale', stale) ORDER BY consumer), '[]')
-	  FROM (SELECT consumer, sum(processed) AS processed, sum(duplicates) AS duplicates, sum(stale) AS stale
-	          FROM (SELECT consumer, processed, 0 AS duplicates, 0 AS stale FROM inbox_consumer_shard
+	                                 'duplicates', duplicates, 'stale', stale, 'last_applied', last_applied) ORDER BY consumer), '[]')
+	  FROM (SELECT consumer, sum(processed) AS processed, sum(duplicates) AS duplicates, sum(stale) AS stale,
+	               max(applied_at) AS last_applied
+	          FROM (SELECT consumer, processed, 0 AS duplicates, 0 AS stale, applied_at FROM inbox_consumer_shard
 	                UNION ALL
-	                SELECT consumer, processed, duplicates, stale FROM inbox_consumer) c
+	                SELECT consumer, processed, duplicates, stale, NULL FROM inbox_consumer) c
 	         GROUP BY consumer) s`
 }
 
@@ -68,6 +73,9 @@ func Total(stats []ConsumerStats) ConsumerStats {
 		t.Processed += s.Processed
 		t.Duplicates += s.Duplicates
 		t.Stale += s.Stale
+		if s.LastApplied.After(t.LastApplied) {
+			t.LastApplied = s.LastApplied
+		}
 	}
 	return t
 }
