@@ -142,6 +142,14 @@ func comfortHarness(t *testing.T) (*harness, comfortSeed) {
 		       (gen_random_uuid(), 'relay-3', 'host-c', 103, now() - interval '1 hour', now() - interval '5 minutes', now() - interval '4 minutes', NULL, 0, true)`); err != nil {
 		t.Fatal(err)
 	}
+	// The inbox page's processes: one running, one silent (flagged), and
+	// shards nobody may read (a problem notice).
+	if _, err := h.pool.Exec(context.Background(), `
+		INSERT INTO inbox_consumer_process (id, consumer, host, pid, started_at, seen_at, expires_at, shards, owned, held)
+		VALUES (gen_random_uuid(), 'orders', 'host-a', 201, now() - interval '1 hour', now(), now() + interval '1 hour', 16, '{0,1,2,3,4,5,6,7}', '{0,1,2,3,4,5,6,7}'),
+		       (gen_random_uuid(), 'orders', 'host-b', 202, now() - interval '1 hour', now() - interval '5 minutes', now() - interval '4 minutes', 16, '{8,9,10,11,12,13,14,15}', '{8,9,10,11,12,13,14,15}')`); err != nil {
+		t.Fatal(err)
+	}
 	return h, s
 }
 

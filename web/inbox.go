@@ -7,17 +7,21 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/inbox"
 	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/views"
 )
 
 // inboxPage is GET /inbox: per consumer, what the live snapshot counts
 // (inbox.ConsumersRead), with sparklines over the snapshot history, and the
 // last pruning pass with the retention it used (the console is not told
-// INBOX_RETENTION; before any pass the page states the default and says so).
+// INBOX_RETENTION; before any pass the page states the default and says so),
+// and the consumer processes' reports with what they read wrong against the
+// running relays.
 func (a *App) inboxPage(c echo.Context) error {
 	s, ok := a.feed.Latest()
 	d := inboxData(s, ok, a.feed.History())
-	run, pruned, err := inbox.LastPrune(c.Request().Context(), a.pool)
+	ctx := c.Request().Context()
+	run, pruned, err := inbox.LastPrune(ctx, a.pool)
 	if err != nil {
 		return err
 	}
@@ -25,6 +29,15 @@ func (a *App) inboxPage(c echo.Context) error {
 		d.Retention, d.RetentionDefault = views.Age(run.Retention), false
 		d.LastPruned, d.PrunedRows = run.At, run.Deleted
 	}
+	if d.Processes, d.ProcessesAt, err = inbox.ListProcesses(ctx, a.pool); err != nil {
+		return err
+	}
+	relays, err := outbox.ReadRelays(ctx, a.pool)
+	if err != nil {
+		return err
+	}
+	d.Problems = views.ConsumerProblems(inbox.Cover(d.Processes), relays.Shards)
+	d.ReportEvery, d.SilentAfter = inbox.DefaultReportInterval, inbox.ProcessSilentAfter*inbox.DefaultReportInterval
 	return render(c, http.StatusOK, views.Inbox(a.page(c, "Inbox", "/inbox"), d))
 }
 

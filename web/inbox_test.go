@@ -123,3 +123,79 @@ func TestDashboardWarnsFromItsThresholds(t *testing.T) {
 		t.Errorf("hint %q", hint)
 	}
 }
+
+// The inbox page lists the consumer processes' reports and says what their
+// running ones read wrong against the running relays: a shard count the
+// relays do not publish on, shards no process may read. A silent process
+// counts for nothing; once the processes cover every shard on the relays'
+// count, the page says nothing is wrong.
+func TestInboxPageShowsConsumerProcessesAndWhatTheyMiss(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{tick: 100 * time.Millisecond})
+	ctx := context.Background()
+	b := newBrowser(t)
+	h.login(t, b, "support", "support", "")
+	_, body := b.get(t, h.base+"/inbox", "text/html")
+	if d := doc(t, body); d.Find(`[data-testid="processes-empty"]`).Length() != 1 || d.Find(`[data-testid="consumer-problem"]`).Length() != 0 {
+		t.Fatalf("no process reports: want the empty state and no problem, got %q", d.Find("main").Text())
+	}
+
+	if _, err := h.pool.Exec(ctx, `
+		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, shards, ordered)
+		VALUES (gen_random_uuid(), 'relay', 'h1', 1, now(), now(), now() + interval '1 hour', 16, true);
+		INSERT INTO inbox_consumer_process (id, consumer, host, pid, started_at, seen_at, expires_at, shards, owned, held)
+		VALUES (gen_random_uuid(), 'orders', 'c1', 11, now(), now(), now() + interval '1 hour', 16, '{0,1,2,3,4,5,6,7}', '{0,1,2,3,4,5,6}'),
+		       (gen_random_uuid(), 'orders', 'c2', 12, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, '{8,9,10,11,12,13,14,15}', '{8,9,10,11,12,13,14,15}'),
+		       (gen_random_uuid(), 'audit', 'c3', 13, now(), now(), now() + interval '1 hour', 8, NULL, '{0,1,2,3,4,5,6,7}')`); err != nil {
+		t.Fatal(err)
+	}
+	_, body = b.get(t, h.base+"/inbox", "text/html")
+	d := doc(t, body)
+	var problems []string
+	d.Find(`[data-testid="consumer-problem"]`).Each(func(_ int, s *goquery.Selection) { problems = append(problems, s.Text()) })
+	want := []string{
+		"audit reads with OUTBOX_SHARDS 8, but the running relays publish with OUTBOX_SHARDS 16: it never sees their events there. Give every relay and consumer the same OUTBOX_SHARDS.",
+		"orders: shards 8–15 of 16 may be read by no running process (CONSUME_SHARDS_OWNED): their events wait until a process that owns them starts.",
+	}
+	if fmt.Sprint(problems) != fmt.Sprint(want) {
+		t.Errorf("problems:\n got %q\nwant %q", problems, want)
+	}
+	rows := d.Find(`[data-testid="process-row"]`)
+	if rows.Length() != 3 {
+		t.Fatalf("want 3 process rows, got %d: %q", rows.Length(), d.Find(`[data-testid="processes"]`).Text())
+	}
+	// By consumer, the silent one after the running one of its consumer.
+	var got []string
+	rows.Each(func(_ int, s *goquery.Selection) {
+		got = append(got, strings.Join([]string{s.Find(`[data-testid="process-consumer"]`).Text(),
+			s.Find(`[data-testid="process-shards"]`).Text(), s.Find(`[data-testid="process-reads"]`).Text(),
+			fmt.Sprint(s.HasClass("warn"))}, " | "))
+	})
+	wantRows := []string{
+		"audit | 8 | 0–7 · may read any | false",
+		"orders | 16 | 0–6 · may read 0–7 | false",
+		"orders | 16 | 8–15 · may read 8–15 | true",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(wantRows) {
+		t.Errorf("rows:\n got %q\nwant %q", got, wantRows)
+	}
+	if st := rows.Eq(2).Find(`[data-testid="process-state"]`).Text(); !regexp.MustCompile(`^silent for 10m\d\ds: stopped reporting without signing off$`).MatchString(st) {
+		t.Errorf("silent process's state %q", st)
+	}
+
+	// The second process of orders comes back and audit restarts on the
+	// relays' count: nothing is wrong any more.
+	if _, err := h.pool.Exec(ctx, `
+		UPDATE inbox_consumer_process SET seen_at = now(), expires_at = now() + interval '1 hour' WHERE host = 'c2';
+		UPDATE inbox_consumer_process SET shards = 16, held = '{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15}' WHERE consumer = 'audit'`); err != nil {
+		t.Fatal(err)
+	}
+	_, body = b.get(t, h.base+"/inbox", "text/html")
+	d = doc(t, body)
+	if n := d.Find(`[data-testid="consumer-problem"]`).Length(); n != 0 {
+		t.Errorf("every shard covered on the relays' count, yet %d problems: %q", n, d.Find(`[data-testid="consumer-problem"]`).Text())
+	}
+	if n := d.Find(`tr.warn[data-testid="process-row"]`).Length(); n != 0 {
+		t.Errorf("every process reporting, yet %d rows flagged", n)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
@@ -27,6 +28,10 @@ type Consumer struct {
 	// child of the trace context its headers carry (the relay's publish
 	// span, or the request that wrote the event).
 	Tracing trace.TracerProvider
+	// ReportInterval is how often Run reports the process in
+	// inbox_consumer_process for the console (default
+	// DefaultReportInterval).
+	ReportInterval time.Duration
 
 	applied, duplicates, stale atomic.Int64
 }
@@ -39,8 +44,9 @@ func (c *Consumer) Counts() ConsumerCounts {
 	return ConsumerCounts{Applied: c.applied.Load(), Duplicates: c.duplicates.Load(), Stale: c.stale.Load()}
 }
 
-// Run consumes until ctx ends.
+// Run consumes until ctx ends, reporting the process meanwhile.
 func (c *Consumer) Run(ctx context.Context, sub broker.Subscriber) error {
+	defer newPresence(c.Inbox, c.Name, 0, nil, c.ReportInterval).start(ctx)()
 	return sub.Subscribe(ctx, c.Name, c.Handle)
 }
 

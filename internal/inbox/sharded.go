@@ -48,6 +48,10 @@ type ShardedConsumer struct {
 	// RetryInterval is how often the consumer tries to take the owned
 	// shards it does not hold, and checks its lock connection (default 2s).
 	RetryInterval time.Duration
+	// ReportInterval is how often Run reports the process, its shard count
+	// and the shards it holds, in inbox_consumer_process for the console
+	// (default DefaultReportInterval; at once when it takes or loses one).
+	ReportInterval time.Duration
 
 	applied, duplicates, stale, batches atomic.Int64
 	running                             atomic.Int64
@@ -118,6 +122,8 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 			return fmt.Errorf("inbox: declare shard queues: %w", err)
 		}
 	}
+	report := newPresence(c.Inbox, c.Name, c.Shards, c.Owned, c.ReportInterval)
+	defer report.start(ctx)()
 	var (
 		lockConn *pgxpool.Conn
 		wg       sync.WaitGroup
@@ -125,6 +131,15 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 		held     = map[int]context.CancelFunc{}
 		ended    = make(chan int, len(owned))
 	)
+	heldNow := func() {
+		mu.Lock()
+		hs := make([]int, 0, len(held))
+		for s := range held {
+			hs = append(hs, s)
+		}
+		mu.Unlock()
+		report.setHeld(hs)
+	}
 	stopAll := func() {
 		mu.Lock()
 		for _, cancel := range held {
@@ -140,6 +155,7 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 				mu.Lock()
 				clear(held)
 				mu.Unlock()
+				heldNow()
 				return
 			}
 		}
@@ -169,6 +185,7 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 				mu.Lock()
 				delete(held, s)
 				mu.Unlock()
+				heldNow()
 				if lockConn != nil {
 					uctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 					if _, err := lockConn.Exec(uctx, unlockSQL, c.Name, c.Shards, s); err != nil {
@@ -240,6 +257,7 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 				ended <- s
 			}()
 		}
+		heldNow()
 	}
 }
 

@@ -196,6 +196,11 @@ func shardHelperProcess() bool {
 		fail(err)
 	}
 	c := &inbox.ShardedConsumer{Inbox: inbox.New(pool), Name: "sharded", Shards: 16, Batch: 500, RetryInterval: 100 * time.Millisecond}
+	if v := os.Getenv("SLUICE_SHARD_REPORT"); v != "" { // the presence test's
+		if c.ReportInterval, err = time.ParseDuration(v); err != nil {
+			fail(err)
+		}
+	}
 	fail(fmt.Errorf("consumer returned: %v", c.Run(ctx, b)))
 	return true
 }

@@ -1,0 +1,327 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluice-dev/sluice/internal/db"
+)
+
+// A running consumer process reports into inbox_consumer_process (migration
+// 00028), as relays report into outbox_relay: when it starts, every
+// ReportInterval, and at once when it takes or loses a shard; it deletes its
+// row when Run returns. The console's inbox page reads the rows
+// (ListProcesses, Cover), so it can say that a consumer reads on another
+// shard count than the relays publish on, or that some shards are owned by
+// no running process: both look like a consumer with nothing to do in its
+// counters alone.
+//
+// A process that stops without deleting its row is silent once expires_at
+// passes, ProcessSilentAfter intervals after its last report; reports remove
+// rows silent for longer than processForgetAfter.
+
+// DefaultReportInterval is how often a consumer process reports that it
+// runs.
+const DefaultReportInterval = 5 * time.Second
+
+// ProcessSilentAfter is how many report intervals without a report make a
+// consumer process silent.
+const ProcessSilentAfter = 3
+
+// processForgetAfter is how long a silent process's row is kept and shown.
+const processForgetAfter = time.Hour
+
+// forgetInterval is processForgetAfter as an SQL interval literal.
+var forgetInterval = fmt.Sprintf("interval '%d seconds'", int64(processForgetAfter/time.Second))
+
+// presenceSQL writes the process's row, and removes rows silent for an hour
+// in the same statement (SKIP LOCKED: two processes cleaning up at once
+// neither wait for nor deadlock on each other).
+const presenceSQL = `
+WITH gone AS (
+	DELETE FROM inbox_consumer_process WHERE id IN (
+		SELECT id FROM inbox_consumer_process
+		 WHERE expires_at < statement_timestamp() - $6::bigint * interval '1 microsecond' AND id <> $1
+		   FOR UPDATE SKIP LOCKED))
+INSERT INTO inbox_consumer_process AS p (id, consumer, host, pid, started_at, seen_at, expires_at, shards, owned, held)
+VALUES ($1, $2, $3, $4, statement_timestamp(), statement_timestamp(),
+        statement_timestamp() + $5::bigint * interval '1 microsecond', $7, $8, $9)
+ON CONFLICT (id) DO UPDATE
+   SET seen_at = excluded.seen_at, expires_at = excluded.expires_at, held = excluded.held`
+
+// presence is one consumer process's row.
+type presence struct {
+	pool     *pgxpool.Pool
+	log      *slog.Logger
+	id       uuid.UUID
+	consumer string
+	host     string
+	pid      int
+	shards   int     // 0: unsharded
+	owned    []int32 // nil: every shard
+	interval time.Duration
+	now      chan struct{}
+
+	mu   sync.Mutex
+	held []int32
+}
+
+func newPresence(in *Inbox, consumer string, shards int, owned []int, interval time.Duration) *presence {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	if interval <= 0 {
+		interval = DefaultReportInterval
+	}
+	p := &presence{pool: in.pool, log: in.log, id: uuid.New(), consumer: consumer, host: host, pid: os.Getpid(),
+		shards: shards, interval: interval, now: make(chan struct{}, 1), held: []int32{}}
+	if owned != nil {
+		p.owned = toInt32s(owned)
+		slices.Sort(p.owned)
+	}
+	return p
+}
+
+func toInt32s(s []int) []int32 {
+	out := make([]int32, len(s))
+	for i, v := range s {
+		out[i] = int32(v)
+	}
+	return out
+}
+
+// setHeld records the shards the process reads now, and reports at once
+// when they changed.
+func (p *presence) setHeld(held []int) {
+	h := toInt32s(held)
+	slices.Sort(h)
+	p.mu.Lock()
+	changed := !slices.Equal(h, p.held)
+	p.held = h
+	p.mu.Unlock()
+	if changed {
+		select {
+		case p.now <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (p *presence) report(ctx context.Context) error {
+	p.mu.Lock()
+	held := p.held
+	p.mu.Unlock()
+	_, err := p.pool.Exec(ctx, presenceSQL, p.id, p.consumer, p.host, p.pid,
+		(ProcessSilentAfter * p.interval).Microseconds(), processForgetAfter.Microseconds(), p.shards, p.owned, held)
+	if err != nil {
+		return fmt.Errorf("inbox: consumer report: %w", err)
+	}
+	return nil
+}
+
+// start reports until the returned stop is called; stop deletes the row.
+// A failed report is logged once per run of failures: the consumer goes on
+// applying meanwhile (its database is the one it reports to).
+func (p *presence) start(ctx context.Context) (stop func()) {
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(p.interval)
+		defer t.Stop()
+		failing := false
+		for {
+			rctx, rcancel := context.WithTimeout(lctx, p.interval)
+			err := p.report(rctx)
+			rcancel()
+			switch {
+			case err != nil && lctx.Err() == nil && !failing:
+				p.log.Warn("inbox: consumer could not report; the console may show it as silent", "consumer", p.consumer, "err", err)
+				failing = true
+			case err == nil && failing:
+				p.log.Info("inbox: consumer reports again", "consumer", p.consumer)
+				failing = false
+			}
+			select {
+			case <-lctx.Done():
+				return
+			case <-t.C:
+			case <-p.now:
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer dcancel()
+		if _, err := p.pool.Exec(dctx, `DELETE FROM inbox_consumer_process WHERE id = $1`, p.id); err != nil {
+			p.log.Warn("inbox: consumer could not sign off; the console shows it as silent for an hour", "consumer", p.consumer, "err", err)
+		}
+	}
+}
+
+// ProcessRow is one consumer process's report, as the inbox page lists it.
+type ProcessRow struct {
+	Consumer, Host string
+	PID            int
+	StartedAt      time.Time
+	SeenAt         time.Time // its last report
+	Silent         bool      // stopped reporting without signing off (on the database's clock)
+	Shards         int       // the OUTBOX_SHARDS it reads (0: unsharded)
+	Owned          []int     // the shards it may read (nil: every one)
+	Held           []int     // the shards it reads now (sharded only)
+}
+
+// processListLimit bounds the list: one row per process and per process
+// killed in the last hour.
+const processListLimit = 1000
+
+// ListProcesses lists the consumer processes' reports by consumer, running
+// before silent, then by host and pid, with the database's time they were
+// judged at.
+func ListProcesses(ctx context.Context, q db.Querier) ([]ProcessRow, time.Time, error) {
+	rows, err := q.Query(ctx, `
+		SELECT consumer, host, pid, started_at, seen_at, expires_at <= now(), shards, owned, held, now()
+		  FROM inbox_consumer_process
+		 WHERE expires_at >= now() - `+forgetInterval+`
+		 ORDER BY consumer, expires_at <= now(), host, pid
+		 LIMIT `+db.Int(processListLimit))
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("inbox: list consumer processes: %w", err)
+	}
+	defer rows.Close()
+	var (
+		out []ProcessRow
+		at  time.Time
+	)
+	for rows.Next() {
+		var (
+			r           ProcessRow
+			owned, held []int32
+		)
+		if err := rows.Scan(&r.Consumer, &r.Host, &r.PID, &r.StartedAt, &r.SeenAt, &r.Silent, &r.Shards, &owned, &held, &at); err != nil {
+			return nil, time.Time{}, fmt.Errorf("inbox: list consumer processes: %w", err)
+		}
+		if owned != nil {
+			r.Owned = toInts(owned)
+		}
+		r.Held = toInts(held)
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, time.Time{}, fmt.Errorf("inbox: list consumer processes: %w", err)
+	}
+	if len(out) == 0 { // no row carried the time
+		if err := q.QueryRow(ctx, `SELECT now()`).Scan(&at); err != nil {
+			return nil, time.Time{}, fmt.Errorf("inbox: list consumer processes: %w", err)
+		}
+	}
+	return out, at, nil
+}
+
+func toInts(s []int32) []int {
+	out := make([]int, len(s))
+	for i, v := range s {
+		out[i] = int(v)
+	}
+	return out
+}
+
+// Coverage is what one consumer's running processes read together.
+type Coverage struct {
+	Consumer string
+	Running  int   // processes reporting
+	Shards   []int // the distinct shard counts they read, ascending (0: unsharded)
+	// Unowned are the shards, of the one shard count they all read, that no
+	// running process may read (CONSUME_SHARDS_OWNED leaves them out): their
+	// events wait until a process that owns them starts.
+	Unowned []int
+	// Unheld are owned by a running process but read by none right now: a
+	// shard being taken over (within the consumers' retry interval), or one
+	// whose lock a process that does not report holds.
+	Unheld []int
+}
+
+// Cover sums the running processes of each consumer in rows (silent ones
+// are not counted), by consumer name.
+func Cover(rows []ProcessRow) []Coverage {
+	var (
+		out []Coverage
+		idx = map[string]int{}
+	)
+	type sets struct{ owned, held map[int]bool }
+	acc := map[string]*sets{}
+	for _, r := range rows {
+		if r.Silent {
+			continue
+		}
+		i, ok := idx[r.Consumer]
+		if !ok {
+			i = len(out)
+			idx[r.Consumer] = i
+			out = append(out, Coverage{Consumer: r.Consumer})
+			acc[r.Consumer] = &sets{owned: map[int]bool{}, held: map[int]bool{}}
+		}
+		c := &out[i]
+		c.Running++
+		if !slices.Contains(c.Shards, r.Shards) {
+			c.Shards = append(c.Shards, r.Shards)
+			slices.Sort(c.Shards)
+		}
+		s := acc[r.Consumer]
+		if r.Owned == nil {
+			for k := range r.Shards {
+				s.owned[k] = true
+			}
+		}
+		for _, k := range r.Owned {
+			s.owned[k] = true
+		}
+		for _, k := range r.Held {
+			s.held[k] = true
+		}
+	}
+	for i := range out {
+		c := &out[i]
+		if len(c.Shards) != 1 || c.Shards[0] == 0 {
+			continue // unsharded, or mixed counts: the mix is the finding
+		}
+		s := acc[c.Consumer]
+		for k := range c.Shards[0] {
+			switch {
+			case !s.owned[k]:
+				c.Unowned = append(c.Unowned, k)
+			case !s.held[k]:
+				c.Unheld = append(c.Unheld, k)
+			}
+		}
+	}
+	return out
+}
+
+// Misread are the shard counts c's processes read that the relays, which
+// publish on the shard counts published (outbox.Relays.Shards), do not
+// publish on: a process reading one of them never sees what the relays
+// publish. Nothing when no relay reports (there is nothing to compare with).
+func (c Coverage) Misread(published []int) []int {
+	if len(published) == 0 {
+		return nil
+	}
+	var out []int
+	for _, n := range c.Shards {
+		if !slices.Contains(published, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}

@@ -1,0 +1,251 @@
+package inbox_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/broker/natsbroker"
+	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
+	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/db/dbtest"
+	"github.com/sluice-dev/sluice/internal/inbox"
+	"github.com/sluice-dev/sluice/internal/testkit"
+)
+
+func listProcesses(t *testing.T, pool *pgxpool.Pool) []inbox.ProcessRow {
+	t.Helper()
+	rows, _, err := inbox.ListProcesses(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+func coverageOf(t *testing.T, pool *pgxpool.Pool, consumer string) inbox.Coverage {
+	t.Helper()
+	for _, c := range inbox.Cover(listProcesses(t, pool)) {
+		if c.Consumer == consumer {
+			return c
+		}
+	}
+	return inbox.Coverage{}
+}
+
+// Consumer processes report what they read: two sharded processes that
+// split the shards, then an unsharded one under the same name; the
+// coverage names the shards nobody may read and the shard counts the
+// relays do not publish on; a process that stops deletes its row and the
+// other takes its shards over, which its report shows.
+func TestConsumerProcessesReportWhatTheyRead(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: "presence"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+
+	type proc struct {
+		cancel context.CancelFunc
+		done   chan error
+	}
+	run := func(f func(context.Context) error) proc {
+		pctx, pcancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- f(pctx) }()
+		return proc{cancel: pcancel, done: done}
+	}
+	stop := func(p proc) {
+		t.Helper()
+		p.cancel()
+		if err := <-p.done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	sharded := func(owned []int) proc {
+		c := &inbox.ShardedConsumer{Inbox: inbox.New(pool), Name: "orders", Shards: 4, Owned: owned,
+			RetryInterval: 50 * time.Millisecond, ReportInterval: 50 * time.Millisecond}
+		return run(func(ctx context.Context) error { return c.Run(ctx, b) })
+	}
+	coverage := func(want inbox.Coverage) {
+		t.Helper()
+		var got inbox.Coverage
+		testkit.Eventually(t, fmt.Sprintf("coverage %+v", want), func() (bool, error) {
+			got = coverageOf(t, pool, "orders")
+			return fmt.Sprint(got) == fmt.Sprint(want), fmt.Errorf("coverage %+v", got)
+		})
+	}
+
+	first := sharded([]int{0, 1})
+	coverage(inbox.Coverage{Consumer: "orders", Running: 1, Shards: []int{4}, Unowned: []int{2, 3}})
+	rows := listProcesses(t, pool)
+	if len(rows) != 1 || rows[0].Silent || rows[0].Shards != 4 || !slices.Equal(rows[0].Owned, []int{0, 1}) ||
+		!slices.Equal(rows[0].Held, []int{0, 1}) || rows[0].PID == 0 || rows[0].Host == "" {
+		t.Fatalf("one process owning shards 0 and 1: %+v", rows)
+	}
+	if m := inbox.Cover(rows)[0].Misread([]int{4}); m != nil {
+		t.Fatalf("reading the relays' 4 shards is no misread: %v", m)
+	}
+	if m := inbox.Cover(rows)[0].Misread([]int{8}); !slices.Equal(m, []int{4}) {
+		t.Fatalf("relays on 8 shards, the consumer on 4: misread %v, want [4]", m)
+	}
+
+	// A second process may read every shard: it takes the two nobody holds.
+	second := sharded(nil)
+	coverage(inbox.Coverage{Consumer: "orders", Running: 2, Shards: []int{4}})
+	rows = listProcesses(t, pool)
+	if len(rows) != 2 {
+		t.Fatalf("two processes: %+v", rows)
+	}
+	for _, r := range rows {
+		if (r.Owned == nil) != slices.Equal(r.Held, []int{2, 3}) {
+			t.Fatalf("the process owning every shard should read 2 and 3, the other 0 and 1: %+v", rows)
+		}
+	}
+
+	// The same consumer started unsharded: its processes read two counts.
+	plain := &inbox.Consumer{Inbox: inbox.New(pool), Name: "orders", ReportInterval: 50 * time.Millisecond}
+	third := run(func(ctx context.Context) error { return plain.Run(ctx, b) })
+	coverage(inbox.Coverage{Consumer: "orders", Running: 3, Shards: []int{0, 4}})
+	if m := coverageOf(t, pool, "orders").Misread([]int{4}); !slices.Equal(m, []int{0}) {
+		t.Fatalf("relays on 4 shards, one process unsharded: misread %v, want [0]", m)
+	}
+	stop(third)
+
+	// The first stops: its row goes, the second takes its shards.
+	stop(first)
+	coverage(inbox.Coverage{Consumer: "orders", Running: 1, Shards: []int{4}})
+	testkit.Eventually(t, "the second process reading every shard", func() (bool, error) {
+		rows = listProcesses(t, pool)
+		return len(rows) == 1 && slices.Equal(rows[0].Held, []int{0, 1, 2, 3}), fmt.Errorf("rows %+v", rows)
+	})
+	stop(second)
+	if rows := listProcesses(t, pool); len(rows) != 0 {
+		t.Fatalf("every process stopped, yet rows remain: %+v", rows)
+	}
+}
+
+// A consumer process that dies without signing off is shown as silent and
+// counts in no coverage; once silent for an hour, another process's report
+// removes its row.
+func TestAConsumerThatDiesIsSilentThenForgotten(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool, err := db.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: "silent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+
+	// The victim is a child process (sharded_test.go's helper: consumer
+	// "sharded" on 16 shards), killed with SIGKILL: nothing of it signs off.
+	var out bytes.Buffer
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), "SLUICE_SHARD_HELPER=1", "SLUICE_SHARD_DB="+url,
+		"SLUICE_SHARD_NATS="+srv.ClientURL(), "SLUICE_SHARD_NS=silent", "SLUICE_SHARD_REPORT=50ms")
+	child.Stdout, child.Stderr = &out, &out
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = child.Process.Kill() }()
+	testkit.Eventually(t, "the victim reading all 16 shards", func() (bool, error) {
+		rows := listProcesses(t, pool)
+		return len(rows) == 1 && len(rows[0].Held) == 16 && rows[0].PID == child.Process.Pid,
+			fmt.Errorf("rows %+v; child output:\n%s", rows, out.String())
+	})
+	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = child.Wait()
+	testkit.Eventually(t, "the dead process shown as silent", func() (bool, error) {
+		rows := listProcesses(t, pool)
+		return len(rows) == 1 && rows[0].Silent, fmt.Errorf("rows %+v", rows)
+	})
+	if cov := inbox.Cover(listProcesses(t, pool)); len(cov) != 0 {
+		t.Fatalf("a silent process counts in no coverage: %+v", cov)
+	}
+
+	// An hour and more later (its expiry moved back by that much), a live
+	// process's first report removes it, and the list passes over it even
+	// before that.
+	if _, err := pool.Exec(ctx, `UPDATE inbox_consumer_process SET expires_at = expires_at - interval '61 minutes', seen_at = seen_at - interval '61 minutes'`); err != nil {
+		t.Fatal(err)
+	}
+	if rows := listProcesses(t, pool); len(rows) != 0 {
+		t.Fatalf("a process silent for over an hour is still listed: %+v", rows)
+	}
+	other := &inbox.Consumer{Inbox: inbox.New(pool), Name: "audit", ReportInterval: 50 * time.Millisecond}
+	octx, stop := context.WithCancel(ctx)
+	odone := make(chan error, 1)
+	go func() { odone <- other.Run(octx, b) }()
+	testkit.Eventually(t, "the silent process's row removed", func() (bool, error) {
+		var names []string
+		err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(consumer), '{}') FROM inbox_consumer_process`).Scan(&names)
+		return err == nil && slices.Equal(names, []string{"audit"}), fmt.Errorf("rows of %v (%v)", names, err)
+	})
+	stop()
+	if err := <-odone; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Cover on its own: silent rows count for nothing, mixed shard counts are
+// reported as such (no shard list, since no one count applies), and an
+// unsharded consumer has no shards to own.
+func TestCoverSumsRunningProcessesOnly(t *testing.T) {
+	t.Parallel()
+	rows := []inbox.ProcessRow{
+		{Consumer: "a", Shards: 8, Owned: []int{0, 1, 2, 3}, Held: []int{0, 1, 2}},
+		{Consumer: "a", Shards: 8, Owned: []int{4, 5, 6, 7}, Held: []int{4, 5, 6, 7}, Silent: true},
+		{Consumer: "b", Shards: 0},
+		{Consumer: "c", Shards: 4},
+		{Consumer: "c", Shards: 8, Owned: []int{1}},
+	}
+	got := inbox.Cover(rows)
+	want := []inbox.Coverage{
+		{Consumer: "a", Running: 1, Shards: []int{8}, Unowned: []int{4, 5, 6, 7}, Unheld: []int{3}},
+		{Consumer: "b", Running: 1, Shards: []int{0}},
+		{Consumer: "c", Running: 2, Shards: []int{4, 8}},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Cover:\n got %+v\nwant %+v", got, want)
+	}
+	if m := got[1].Misread(nil); m != nil {
+		t.Fatalf("no relay reports: nothing to compare with, got misread %v", m)
+	}
+	if m := got[1].Misread([]int{0}); m != nil {
+		t.Fatalf("unsharded consumer of unsharded relays: misread %v", m)
+	}
+	if m := got[2].Misread([]int{4, 8}); m != nil {
+		t.Fatalf("relays disagreeing on 4 and 8 publish on both: misread %v", m)
+	}
+}
