@@ -18,8 +18,8 @@ func runConsume(ctx context.Context, e env, args []string) error {
 		"(event id, topic, type, aggregate, sequence; never the payload); an event older than\n"+
 		"its aggregate's last applied sequence is dropped as stale. Stops cleanly on SIGINT/SIGTERM.\n"+
 		"With --shards N (the relays' OUTBOX_SHARDS) it reads the N shards in parallel, each in order,\n"+
-		"a batch per transaction; processes split the shards between them (a PostgreSQL lock per shard)\n"+
-		"and take over a stopped process's shards.", &c, args, nil); err != nil {
+		"a batch per transaction; processes split the shards between them (a PostgreSQL lock per shard),\n"+
+		"share them evenly as processes come and go, and take over a stopped process's shards.", &c, args, nil); err != nil {
 		return err
 	}
 	w, err := openBrokerWorker(ctx, e, "consume", c.Common, c.Broker)

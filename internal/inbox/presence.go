@@ -325,3 +325,74 @@ func (c Coverage) Misread(published []int) []int {
 	}
 	return out
 }
+
+// peer is another running process of the same consumer and shard count, as
+// its last report says.
+type peer struct {
+	owned []int // nil: every shard
+	held  []int
+}
+
+func (p peer) mayRead(s int) bool { return p.owned == nil || slices.Contains(p.owned, s) }
+
+// peers reads the reports of the other running processes of p's consumer
+// and shard count.
+func (p *presence) peers(ctx context.Context) ([]peer, error) {
+	rows, err := p.pool.Query(ctx, `
+		SELECT owned, held FROM inbox_consumer_process
+		 WHERE consumer = $1 AND shards = $2 AND id <> $3 AND expires_at > now()`, p.consumer, p.shards, p.id)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []peer
+	for rows.Next() {
+		var owned, held []int32
+		if err := rows.Scan(&owned, &held); err != nil {
+			return nil, err
+		}
+		pr := peer{held: toInts(held)}
+		if owned != nil {
+			pr.owned = toInts(owned)
+		}
+		out = append(out, pr)
+	}
+	return out, rows.Err()
+}
+
+// fairShare is how many of shards each of n processes should hold.
+func fairShare(shards, n int) int { return (shards + n - 1) / n }
+
+// toRelease picks, among the shards a process holds (mine), those to give
+// up so that peers below the fair share can take them: no more than it
+// holds above fair, each one a peer below fair may read, as many per peer
+// as it lacks, highest shard numbers first. A peer's count is its last
+// report's; a shard given up and taken by nobody is taken back at a later
+// try (the caller's rule for free shards), so a stale report costs a
+// moment, not a shard.
+func toRelease(mine []int, fair int, peers []peer) []int {
+	spare := len(mine) - fair
+	if spare <= 0 || len(peers) == 0 {
+		return nil
+	}
+	cand := slices.Clone(mine)
+	slices.Sort(cand)
+	slices.Reverse(cand)
+	picked := map[int]bool{}
+	var out []int
+	for _, p := range peers {
+		lack := fair - len(p.held)
+		for _, s := range cand {
+			if spare == 0 || lack <= 0 {
+				break
+			}
+			if !picked[s] && p.mayRead(s) {
+				picked[s] = true
+				out = append(out, s)
+				spare--
+				lack--
+			}
+		}
+	}
+	return out
+}

@@ -130,6 +130,11 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 		mu       sync.Mutex
 		held     = map[int]context.CancelFunc{}
 		ended    = make(chan int, len(owned))
+		// releasing are held shards being given up for a peer below its
+		// share (stopping; unlocked when they end); seenFree are shards
+		// found free while at our share, left to the others once.
+		releasing = map[int]bool{}
+		seenFree  = map[int]bool{}
 	)
 	heldNow := func() {
 		mu.Lock()
@@ -155,6 +160,7 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 				mu.Lock()
 				clear(held)
 				mu.Unlock()
+				clear(releasing)
 				heldNow()
 				return
 			}
@@ -185,6 +191,7 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 				mu.Lock()
 				delete(held, s)
 				mu.Unlock()
+				delete(releasing, s)
 				heldNow()
 				if lockConn != nil {
 					uctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -222,6 +229,34 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 			}
 			lockConn = lc
 		}
+		// Share the shards with the other running processes of this
+		// consumer and shard count (their reports): give up what is above
+		// our share to a peer below its own, and take a free shard beyond
+		// our share only when it is still free at the next try (a peer
+		// below its share takes it first). Without peers' reports (none
+		// yet, or the read failed) every free shard is taken, as before.
+		peers, err := report.peers(ctx)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("inbox: read the other processes' reports; not sharing shards this time", "err", err)
+		}
+		fair := c.Shards
+		if len(peers) > 0 {
+			fair = fairShare(c.Shards, len(peers)+1)
+		}
+		mu.Lock()
+		var keep []int
+		for s := range held {
+			if !releasing[s] {
+				keep = append(keep, s)
+			}
+		}
+		for _, s := range toRelease(keep, fair, peers) {
+			log.Info("inbox: giving a shard up to a process below its share", "shard", s, "share", fair)
+			releasing[s] = true
+			held[s]()
+		}
+		keeping := len(held) - len(releasing)
+		mu.Unlock()
 		for _, s := range owned {
 			mu.Lock()
 			_, running := held[s]
@@ -241,8 +276,21 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 				break
 			}
 			if !got {
+				delete(seenFree, s)
 				continue
 			}
+			if keeping >= fair && !seenFree[s] {
+				seenFree[s] = true
+				uctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := lockConn.Exec(uctx, unlockSQL, c.Name, c.Shards, s)
+				cancel()
+				if err != nil {
+					log.Warn("inbox: unlock shard", "shard", s, "err", err)
+				}
+				continue
+			}
+			delete(seenFree, s)
+			keeping++
 			sctx, cancel := context.WithCancel(ctx)
 			mu.Lock()
 			held[s] = cancel

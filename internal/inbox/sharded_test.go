@@ -298,11 +298,10 @@ func TestShardedConsumerKeepsOrderThroughKills(t *testing.T) {
 	}
 
 	first := start()
-	// The first process holds every shard before the standby starts. There
-	// is no rebalancing (a shard stays with whoever locked it first), so a
-	// standby that won the race for the locks would leave the first process
-	// nothing to lose when it is killed: a fast machine saw the child start
-	// and lock all sixteen before the first had any.
+	// The first process holds every shard before the standby starts, and
+	// gives it half of them when it joins (TestShardsAreSharedAsProcessesComeAndGo):
+	// had the child won the race for every lock, the first would have had
+	// nothing to lose when it is killed (a fast machine once saw that).
 	testkit.Eventually(t, "the first consumer running every shard", func() (bool, error) {
 		return first.c.Running() == shards, nil
 	})
@@ -489,5 +488,124 @@ func TestShardedConsumerOnRabbitKeepsOrderThroughKills(t *testing.T) {
 	kill(c)
 	cancel()
 	wg.Wait()
+	checkConsumed(t, pool, total)
+}
+
+// Shards are shared as processes come and go, while events flow: a process
+// holding all 16 gives half to one that joins, a third that may read only
+// shards 0 and 1 gets them, and when the second stops the first takes its
+// shards back (those the third may not read). Every event is applied
+// exactly once and in order per aggregate through the hand-overs.
+func TestShardsAreSharedAsProcessesComeAndGo(t *testing.T) {
+	t.Parallel()
+	const total, aggs, shards = 20000, 1000, 16
+	url := dbtest.URL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pool, err := db.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	preloadOutbox(t, pool, total, aggs)
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	opts := broker.Options{Namespace: "share"}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i := range 2 {
+		b, err := natsbroker.Open(ctx, srv.ClientURL(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		r, err := outbox.NewRelay(pool, b, outbox.RelayConfig{Name: fmt.Sprintf("relay-%d", i), BatchSize: 500, Shards: shards, PollInterval: 20 * time.Millisecond}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
+	// Small, slow batches, so the events outlast the hand-overs.
+	record := inbox.RecordBatchEffect("sharded")
+	slow := func(ctx context.Context, tx pgx.Tx, msgs []broker.Message) error {
+		time.Sleep(15 * time.Millisecond)
+		return record(ctx, tx, msgs)
+	}
+	type proc struct {
+		c      *inbox.ShardedConsumer
+		cancel context.CancelFunc
+		done   chan error
+	}
+	start := func(owned []int) *proc {
+		b, err := natsbroker.Open(ctx, srv.ClientURL(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := db.Open(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pctx, pcancel := context.WithCancel(ctx)
+		c := &inbox.ShardedConsumer{Inbox: inbox.New(p), Name: "sharded", Shards: shards, Owned: owned, Batch: 10, Effect: slow,
+			RetryInterval: 50 * time.Millisecond, ReportInterval: 50 * time.Millisecond}
+		done := make(chan error, 1)
+		go func() {
+			done <- c.Run(pctx, b)
+			b.Close()
+			p.Close()
+		}()
+		return &proc{c: c, cancel: pcancel, done: done}
+	}
+	stop := func(p *proc) {
+		t.Helper()
+		p.cancel()
+		if err := <-p.done; err != nil {
+			t.Errorf("consumer: %v", err)
+		}
+	}
+	applied := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM consume_effect`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	running := func(what string, want map[*proc]int) {
+		t.Helper()
+		testkit.Eventually(t, what, func() (bool, error) {
+			ok := true
+			var got []int
+			for p, n := range want {
+				got = append(got, p.c.Running())
+				ok = ok && p.c.Running() == n
+			}
+			return ok, fmt.Errorf("running %v", got)
+		})
+	}
+
+	a := start(nil)
+	running("the first process running every shard", map[*proc]int{a: 16})
+	b := start(nil)
+	running("half the shards moved to the second process", map[*proc]int{a: 8, b: 8})
+	if n := applied(); n >= total {
+		t.Fatalf("every event applied before the shards moved (%d): the hand-over was not tested under load", n)
+	}
+	c := start([]int{0, 1})
+	running("the third process running its two shards", map[*proc]int{a: 6, b: 8, c: 2})
+	stop(b)
+	running("the second process's shards back with the first", map[*proc]int{a: 14, c: 2})
+	moved := applied()
+	testkit.Eventually(t, "every event applied", func() (bool, error) {
+		n := applied()
+		return n >= total, fmt.Errorf("%d of %d applied", n, total)
+	})
+	t.Logf("hand-overs done at %d of %d events applied", moved, total)
+	time.Sleep(300 * time.Millisecond) // anything in flight lands before counting
+	stop(a)
+	stop(c)
 	checkConsumed(t, pool, total)
 }
