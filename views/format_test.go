@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-dev/sluice/internal/inbox"
 )
 
 // A support engineer compares the sparkline's "now" with the tile beside
@@ -113,6 +115,42 @@ func TestAndList(t *testing.T) {
 	}{{nil, ""}, {[]string{"admin"}, "admin"}, {[]string{"operator", "admin"}, "operator and admin"}, {[]string{"a", "b", "c"}, "a, b and c"}} {
 		if got := AndList(c.words); got != c.want {
 			t.Errorf("AndList(%q) = %q, want %q", c.words, got, c.want)
+		}
+	}
+}
+
+// Each kind of consumer problem in a sentence (inbox page) and in a few
+// words (dashboard tile), with shard lists as ranges.
+func TestConsumerProblemWords(t *testing.T) {
+	at := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	problems := []inbox.Problem{
+		{Consumer: "ledger", Kind: inbox.ProblemStopped, SilentLast: at.Add(-3 * time.Minute)},
+		{Consumer: "c", Kind: inbox.ProblemMixed, Counts: []int{0, 8, 16}},
+		{Consumer: "b", Kind: inbox.ProblemMisread, Counts: []int{0}, Published: []int{16}},
+		{Consumer: "a", Kind: inbox.ProblemUnowned, Shards: 16, Unowned: []int{0, 1, 2, 5, 8, 9}},
+		{Consumer: "a", Kind: inbox.ProblemUnowned, Shards: 4, Unowned: []int{3}},
+	}
+	long := ConsumerProblems(at, problems)
+	wantLong := []string{
+		"ledger: no process runs; the last one stopped reporting 3m00s ago without signing off (killed, its host lost, or cut off from the database). Its events wait until one starts.",
+		"c: its running processes read with different shard counts (OUTBOX_SHARDS 0, 8 and 16), each only what is published on its own count's subjects or queues.",
+		"b reads with OUTBOX_SHARDS 0, but the running relays publish with OUTBOX_SHARDS 16: it never sees their events there. Give every relay and consumer the same OUTBOX_SHARDS.",
+		"a: shards 0–2, 5, 8–9 of 16 may be read by no running process (CONSUME_SHARDS_OWNED): their events wait until a process that owns them starts.",
+		"a: shard 3 of 4 may be read by no running process (CONSUME_SHARDS_OWNED): their events wait until a process that owns them starts.",
+	}
+	wantBrief := []string{
+		"ledger: no process runs (last report 3m00s ago)",
+		"c: processes on OUTBOX_SHARDS 0, 8 and 16",
+		"b reads OUTBOX_SHARDS 0; relays publish on 16",
+		"a: shards 0–2, 5, 8–9 of 16 read by no process",
+		"a: shard 3 of 4 read by no process",
+	}
+	for i, p := range problems {
+		if long[i] != wantLong[i] {
+			t.Errorf("sentence %d:\n got %q\nwant %q", i, long[i], wantLong[i])
+		}
+		if got := consumerProblemBrief(at, p); got != wantBrief[i] {
+			t.Errorf("brief %d:\n got %q\nwant %q", i, got, wantBrief[i])
 		}
 	}
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/inbox"
 	"github.com/sluice-dev/sluice/internal/live"
-	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/views"
 )
 
@@ -15,13 +14,12 @@ import (
 // (inbox.ConsumersRead), with sparklines over the snapshot history, and the
 // last pruning pass with the retention it used (the console is not told
 // INBOX_RETENTION; before any pass the page states the default and says so),
-// and the consumer processes' reports with what they read wrong against the
-// running relays.
+// and the consumer processes' reports with what they leave unread, as of the
+// same snapshot as the dashboard's tile and /metrics.
 func (a *App) inboxPage(c echo.Context) error {
 	s, ok := a.feed.Latest()
 	d := inboxData(s, ok, a.feed.History())
-	ctx := c.Request().Context()
-	run, pruned, err := inbox.LastPrune(ctx, a.pool)
+	run, pruned, err := inbox.LastPrune(c.Request().Context(), a.pool)
 	if err != nil {
 		return err
 	}
@@ -29,21 +27,14 @@ func (a *App) inboxPage(c echo.Context) error {
 		d.Retention, d.RetentionDefault = views.Age(run.Retention), false
 		d.LastPruned, d.PrunedRows = run.At, run.Deleted
 	}
-	if d.Processes, d.ProcessesAt, err = inbox.ListProcesses(ctx, a.pool); err != nil {
-		return err
-	}
-	relays, err := outbox.ReadRelays(ctx, a.pool)
-	if err != nil {
-		return err
-	}
-	d.Problems = views.ConsumerProblems(inbox.Cover(d.Processes), relays.Shards)
-	d.ReportEvery, d.SilentAfter = inbox.DefaultReportInterval, inbox.ProcessSilentAfter*inbox.DefaultReportInterval
 	return render(c, http.StatusOK, views.Inbox(a.page(c, "Inbox", "/inbox"), d))
 }
 
 func inboxData(s live.Snapshot, ok bool, hist []live.Snapshot) views.InboxData {
 	d := views.InboxData{Ready: ok, At: s.At, Total: inbox.Total(s.Consumers), Span: spanOf(hist),
-		Retention: views.Age(inbox.DefaultRetention), RetentionDefault: true}
+		Retention: views.Age(inbox.DefaultRetention), RetentionDefault: true,
+		Processes: s.Processes, Problems: views.ConsumerProblems(s.At, s.ConsumerProblems()),
+		ReportEvery: inbox.DefaultReportInterval, SilentAfter: inbox.ProcessSilentAfter * inbox.DefaultReportInterval}
 	for _, cs := range s.Consumers {
 		processed, duplicates := consumerRates(cs.Consumer, hist)
 		d.Consumers = append(d.Consumers, views.InboxConsumer{ConsumerStats: cs,

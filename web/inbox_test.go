@@ -124,21 +124,24 @@ func TestDashboardWarnsFromItsThresholds(t *testing.T) {
 	}
 }
 
-// The inbox page lists the consumer processes' reports and says what their
-// running ones read wrong against the running relays: a shard count the
-// relays do not publish on, shards no process may read. A silent process
-// counts for nothing; once the processes cover every shard on the relays'
-// count, the page says nothing is wrong.
+// The inbox page lists the consumer processes' reports and says what they
+// leave unread: a shard count the running relays do not publish on, shards
+// no running process may read, a consumer none of whose processes runs. A
+// silent process of a consumer that runs elsewhere counts for nothing. The
+// dashboard's Consumers tile and /metrics say the same from the same
+// snapshot; once everything is read, all three say so.
 func TestInboxPageShowsConsumerProcessesAndWhatTheyMiss(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{tick: 100 * time.Millisecond})
 	ctx := context.Background()
 	b := newBrowser(t)
 	h.login(t, b, "support", "support", "")
-	_, body := b.get(t, h.base+"/inbox", "text/html")
-	if d := doc(t, body); d.Find(`[data-testid="processes-empty"]`).Length() != 1 || d.Find(`[data-testid="consumer-problem"]`).Length() != 0 {
-		t.Fatalf("no process reports: want the empty state and no problem, got %q", d.Find("main").Text())
-	}
+	testkit.Eventually(t, "the empty state, with no process reporting", func() (bool, error) {
+		_, body := b.get(t, h.base+"/inbox", "text/html")
+		d := doc(t, body)
+		return d.Find(`[data-testid="processes-empty"]`).Length() == 1 && d.Find(`[data-testid="consumer-problem"]`).Length() == 0,
+			fmt.Errorf("page %q", d.Find("main").Text())
+	})
 
 	if _, err := h.pool.Exec(ctx, `
 		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, shards, ordered)
@@ -146,25 +149,26 @@ func TestInboxPageShowsConsumerProcessesAndWhatTheyMiss(t *testing.T) {
 		INSERT INTO inbox_consumer_process (id, consumer, host, pid, started_at, seen_at, expires_at, shards, owned, held)
 		VALUES (gen_random_uuid(), 'orders', 'c1', 11, now(), now(), now() + interval '1 hour', 16, '{0,1,2,3,4,5,6,7}', '{0,1,2,3,4,5,6}'),
 		       (gen_random_uuid(), 'orders', 'c2', 12, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, '{8,9,10,11,12,13,14,15}', '{8,9,10,11,12,13,14,15}'),
-		       (gen_random_uuid(), 'audit', 'c3', 13, now(), now(), now() + interval '1 hour', 8, NULL, '{0,1,2,3,4,5,6,7}')`); err != nil {
+		       (gen_random_uuid(), 'audit', 'c3', 13, now(), now(), now() + interval '1 hour', 8, NULL, '{0,1,2,3,4,5,6,7}'),
+		       (gen_random_uuid(), 'ledger', 'c4', 14, now(), now() - interval '3 minutes', now() - interval '2 minutes', 0, NULL, '{}')`); err != nil {
 		t.Fatal(err)
 	}
-	_, body = b.get(t, h.base+"/inbox", "text/html")
-	d := doc(t, body)
-	var problems []string
-	d.Find(`[data-testid="consumer-problem"]`).Each(func(_ int, s *goquery.Selection) { problems = append(problems, s.Text()) })
 	want := []string{
 		"audit reads with OUTBOX_SHARDS 8, but the running relays publish with OUTBOX_SHARDS 16: it never sees their events there. Give every relay and consumer the same OUTBOX_SHARDS.",
+		"ledger: no process runs; the last one stopped reporting 3m0",
 		"orders: shards 8–15 of 16 may be read by no running process (CONSUME_SHARDS_OWNED): their events wait until a process that owns them starts.",
 	}
-	if fmt.Sprint(problems) != fmt.Sprint(want) {
-		t.Errorf("problems:\n got %q\nwant %q", problems, want)
-	}
+	var d *goquery.Document
+	testkit.Eventually(t, "the three problems on the inbox page", func() (bool, error) {
+		_, body := b.get(t, h.base+"/inbox", "text/html")
+		d = doc(t, body)
+		var problems []string
+		d.Find(`[data-testid="consumer-problem"]`).Each(func(_ int, s *goquery.Selection) { problems = append(problems, s.Text()) })
+		ok := len(problems) == 3 && problems[0] == want[0] && strings.HasPrefix(problems[1], want[1]) && problems[2] == want[2]
+		return ok, fmt.Errorf("problems %q", problems)
+	})
 	rows := d.Find(`[data-testid="process-row"]`)
-	if rows.Length() != 3 {
-		t.Fatalf("want 3 process rows, got %d: %q", rows.Length(), d.Find(`[data-testid="processes"]`).Text())
-	}
-	// By consumer, the silent one after the running one of its consumer.
+	// By consumer, a consumer's silent processes after its running ones.
 	var got []string
 	rows.Each(func(_ int, s *goquery.Selection) {
 		got = append(got, strings.Join([]string{s.Find(`[data-testid="process-consumer"]`).Text(),
@@ -173,29 +177,53 @@ func TestInboxPageShowsConsumerProcessesAndWhatTheyMiss(t *testing.T) {
 	})
 	wantRows := []string{
 		"audit | 8 | 0–7 · may read any | false",
+		"ledger | unsharded | every message | true",
 		"orders | 16 | 0–6 · may read 0–7 | false",
 		"orders | 16 | 8–15 · may read 8–15 | true",
 	}
 	if fmt.Sprint(got) != fmt.Sprint(wantRows) {
 		t.Errorf("rows:\n got %q\nwant %q", got, wantRows)
 	}
-	if st := rows.Eq(2).Find(`[data-testid="process-state"]`).Text(); !regexp.MustCompile(`^silent for 10m\d\ds: stopped reporting without signing off$`).MatchString(st) {
+	if st := rows.Eq(3).Find(`[data-testid="process-state"]`).Text(); !regexp.MustCompile(`^silent for 10m\d\ds: stopped reporting without signing off$`).MatchString(st) {
 		t.Errorf("silent process's state %q", st)
 	}
+	// The same on the dashboard's tile and /metrics.
+	testkit.Eventually(t, "the Consumers tile to flag them", func() (bool, error) {
+		_, body := b.get(t, h.base+"/", "text/html")
+		tile := doc(t, body).Find(`[data-testid="consumers"]`)
+		hint := strings.TrimSpace(tile.Closest(".tile").Find(".hint").Text())
+		return strings.TrimSpace(tile.Text()) == "2" && tile.Closest(".tile").HasClass("warn") &&
+				hint == "audit reads OUTBOX_SHARDS 8; relays publish on 16; 2 more: events left unread, see the inbox page",
+			fmt.Errorf("consumers tile %q (%q)", strings.TrimSpace(tile.Text()), hint)
+	})
+	testkit.Eventually(t, "/metrics to agree", func() (bool, error) {
+		_, body := b.get(t, h.base+"/metrics", "")
+		lines := grepLines(body, "sluice_inbox_consumer_")
+		return strings.Contains(body, "\nsluice_inbox_consumer_problems 3\n") &&
+			strings.Contains(body, "\nsluice_inbox_consumer_processes{state=\"running\"} 2\n") &&
+			strings.Contains(body, "\nsluice_inbox_consumer_processes{state=\"silent\"} 2\n"), fmt.Errorf("metrics:\n%s", lines)
+	})
 
-	// The second process of orders comes back and audit restarts on the
-	// relays' count: nothing is wrong any more.
+	// The second process of orders comes back, audit restarts on the
+	// relays' count and ledger's dead process is set back past the hour:
+	// nothing is left unread.
 	if _, err := h.pool.Exec(ctx, `
 		UPDATE inbox_consumer_process SET seen_at = now(), expires_at = now() + interval '1 hour' WHERE host = 'c2';
-		UPDATE inbox_consumer_process SET shards = 16, held = '{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15}' WHERE consumer = 'audit'`); err != nil {
+		UPDATE inbox_consumer_process SET shards = 16, held = '{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15}' WHERE consumer = 'audit';
+		UPDATE inbox_consumer_process SET seen_at = now() - interval '2 hours', expires_at = now() - interval '2 hours' WHERE consumer = 'ledger'`); err != nil {
 		t.Fatal(err)
 	}
-	_, body = b.get(t, h.base+"/inbox", "text/html")
-	d = doc(t, body)
-	if n := d.Find(`[data-testid="consumer-problem"]`).Length(); n != 0 {
-		t.Errorf("every shard covered on the relays' count, yet %d problems: %q", n, d.Find(`[data-testid="consumer-problem"]`).Text())
-	}
-	if n := d.Find(`tr.warn[data-testid="process-row"]`).Length(); n != 0 {
-		t.Errorf("every process reporting, yet %d rows flagged", n)
-	}
+	testkit.Eventually(t, "nothing flagged any more", func() (bool, error) {
+		_, body := b.get(t, h.base+"/inbox", "text/html")
+		d := doc(t, body)
+		_, dash := b.get(t, h.base+"/", "text/html")
+		tile := doc(t, dash).Find(`[data-testid="consumers"]`)
+		_, metrics := b.get(t, h.base+"/metrics", "")
+		ok := d.Find(`[data-testid="consumer-problem"]`).Length() == 0 && d.Find(`tr.warn[data-testid="process-row"]`).Length() == 0 &&
+			d.Find(`[data-testid="process-row"]`).Length() == 3 &&
+			strings.TrimSpace(tile.Text()) == "3" && !tile.Closest(".tile").HasClass("warn") &&
+			strings.Contains(metrics, "\nsluice_inbox_consumer_problems 0\n")
+		return ok, fmt.Errorf("problems %q, tile %q (%q), metrics:\n%s", d.Find(`[data-testid="consumer-problem"]`).Text(),
+			strings.TrimSpace(tile.Text()), tile.Closest(".tile").Find(".hint").Text(), grepLines(metrics, "sluice_inbox_consumer_"))
+	})
 }

@@ -172,61 +172,60 @@ func (p *presence) start(ctx context.Context) (stop func()) {
 
 // ProcessRow is one consumer process's report, as the inbox page lists it.
 type ProcessRow struct {
-	Consumer, Host string
-	PID            int
-	StartedAt      time.Time
-	SeenAt         time.Time // its last report
-	Silent         bool      // stopped reporting without signing off (on the database's clock)
-	Shards         int       // the OUTBOX_SHARDS it reads (0: unsharded)
-	Owned          []int     // the shards it may read (nil: every one)
-	Held           []int     // the shards it reads now (sharded only)
+	Consumer  string    `json:"consumer"`
+	Host      string    `json:"host"`
+	PID       int       `json:"pid"`
+	StartedAt time.Time `json:"started_at"`
+	SeenAt    time.Time `json:"seen_at"` // its last report
+	// Silent: stopped reporting without signing off (on the database's
+	// clock, as of the read).
+	Silent bool  `json:"silent"`
+	Shards int   `json:"shards"` // the OUTBOX_SHARDS it reads (0: unsharded)
+	Owned  []int `json:"owned"`  // the shards it may read (nil: every one)
+	Held   []int `json:"held"`   // the shards it reads now (sharded only)
 }
 
-// processListLimit bounds the list: one row per process and per process
+// processListLimit bounds the read: one row per process and per process
 // killed in the last hour.
 const processListLimit = 1000
 
-// ListProcesses lists the consumer processes' reports by consumer, running
-// before silent, then by host and pid, with the database's time they were
-// judged at.
-func ListProcesses(ctx context.Context, q db.Querier) ([]ProcessRow, time.Time, error) {
-	rows, err := q.Query(ctx, `
-		SELECT consumer, host, pid, started_at, seen_at, expires_at <= now(), shards, owned, held, now()
-		  FROM inbox_consumer_process
-		 WHERE expires_at >= now() - `+forgetInterval+`
-		 ORDER BY consumer, expires_at <= now(), host, pid
-		 LIMIT `+db.Int(processListLimit))
+// ProcessesRead reads the consumer processes' reports as a db.Read part (the
+// console's snapshot reads them each tick, for the inbox page, its tile and
+// metrics), by consumer, running before silent, then by host and pid. The
+// table holds a row per process and per process killed in the last hour.
+type ProcessesRead struct {
+	Processes []ProcessRow
+}
+
+// Expr implements db.Read.
+func (r *ProcessesRead) Expr(*db.Args) string {
+	return `SELECT coalesce(json_agg(json_build_object('consumer', consumer, 'host', host, 'pid', pid,
+	                 'started_at', started_at, 'seen_at', seen_at, 'silent', silent, 'shards', shards,
+	                 'owned', owned, 'held', held) ORDER BY consumer, silent, host, pid), '[]')
+	  FROM (SELECT *, expires_at <= now() AS silent FROM inbox_consumer_process
+	         WHERE expires_at >= now() - ` + forgetInterval + `
+	         ORDER BY consumer, expires_at <= now(), host, pid
+	         LIMIT ` + db.Int(processListLimit) + `) p`
+}
+
+// Scan implements db.Read.
+func (r *ProcessesRead) Scan(src []byte) error {
+	r.Processes = nil
+	if err := db.ScanJSON(src, &r.Processes); err != nil {
+		return fmt.Errorf("inbox: consumer processes: %w", err)
+	}
+	return nil
+}
+
+// ListProcesses reads the consumer processes' reports on their own, with
+// the database's time they were judged at.
+func ListProcesses(ctx context.Context, q db.RowQuerier) ([]ProcessRow, time.Time, error) {
+	var r ProcessesRead
+	at, err := db.ReadAll(ctx, q, &r)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("inbox: list consumer processes: %w", err)
 	}
-	defer rows.Close()
-	var (
-		out []ProcessRow
-		at  time.Time
-	)
-	for rows.Next() {
-		var (
-			r           ProcessRow
-			owned, held []int32
-		)
-		if err := rows.Scan(&r.Consumer, &r.Host, &r.PID, &r.StartedAt, &r.SeenAt, &r.Silent, &r.Shards, &owned, &held, &at); err != nil {
-			return nil, time.Time{}, fmt.Errorf("inbox: list consumer processes: %w", err)
-		}
-		if owned != nil {
-			r.Owned = toInts(owned)
-		}
-		r.Held = toInts(held)
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, time.Time{}, fmt.Errorf("inbox: list consumer processes: %w", err)
-	}
-	if len(out) == 0 { // no row carried the time
-		if err := q.QueryRow(ctx, `SELECT now()`).Scan(&at); err != nil {
-			return nil, time.Time{}, fmt.Errorf("inbox: list consumer processes: %w", err)
-		}
-	}
-	return out, at, nil
+	return r.Processes, at, nil
 }
 
 func toInts(s []int32) []int {
@@ -240,8 +239,12 @@ func toInts(s []int32) []int {
 // Coverage is what one consumer's running processes read together.
 type Coverage struct {
 	Consumer string
-	Running  int   // processes reporting
-	Shards   []int // the distinct shard counts they read, ascending (0: unsharded)
+	Running  int // processes reporting
+	// Silent are its processes that stopped reporting without signing off
+	// (in the last hour), and SilentLast the newest of their last reports.
+	Silent     int
+	SilentLast time.Time
+	Shards     []int // the distinct shard counts its running processes read, ascending (0: unsharded)
 	// Unowned are the shards, of the one shard count they all read, that no
 	// running process may read (CONSUME_SHARDS_OWNED leaves them out): their
 	// events wait until a process that owns them starts.
@@ -252,8 +255,9 @@ type Coverage struct {
 	Unheld []int
 }
 
-// Cover sums the running processes of each consumer in rows (silent ones
-// are not counted), by consumer name.
+// Cover sums the processes of each consumer in rows, by consumer name in
+// the order rows name them: what the running ones read together, and how
+// many are silent.
 func Cover(rows []ProcessRow) []Coverage {
 	var (
 		out []Coverage
@@ -262,9 +266,6 @@ func Cover(rows []ProcessRow) []Coverage {
 	type sets struct{ owned, held map[int]bool }
 	acc := map[string]*sets{}
 	for _, r := range rows {
-		if r.Silent {
-			continue
-		}
 		i, ok := idx[r.Consumer]
 		if !ok {
 			i = len(out)
@@ -273,6 +274,13 @@ func Cover(rows []ProcessRow) []Coverage {
 			acc[r.Consumer] = &sets{owned: map[int]bool{}, held: map[int]bool{}}
 		}
 		c := &out[i]
+		if r.Silent {
+			c.Silent++
+			if r.SeenAt.After(c.SilentLast) {
+				c.SilentLast = r.SeenAt
+			}
+			continue
+		}
 		c.Running++
 		if !slices.Contains(c.Shards, r.Shards) {
 			c.Shards = append(c.Shards, r.Shards)
@@ -294,7 +302,7 @@ func Cover(rows []ProcessRow) []Coverage {
 	for i := range out {
 		c := &out[i]
 		if len(c.Shards) != 1 || c.Shards[0] == 0 {
-			continue // unsharded, or mixed counts: the mix is the finding
+			continue // none running, unsharded, or mixed counts: the mix is the finding
 		}
 		s := acc[c.Consumer]
 		for k := range c.Shards[0] {
@@ -309,8 +317,8 @@ func Cover(rows []ProcessRow) []Coverage {
 	return out
 }
 
-// Misread are the shard counts c's processes read that the relays, which
-// publish on the shard counts published (outbox.Relays.Shards), do not
+// Misread are the shard counts c's running processes read that the relays,
+// which publish on the shard counts published (outbox.Relays.Shards), do not
 // publish on: a process reading one of them never sees what the relays
 // publish. Nothing when no relay reports (there is nothing to compare with).
 func (c Coverage) Misread(published []int) []int {
@@ -321,6 +329,62 @@ func (c Coverage) Misread(published []int) []int {
 	for _, n := range c.Shards {
 		if !slices.Contains(published, n) {
 			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// The kinds of Problem.
+const (
+	// ProblemStopped: every process of the consumer stopped reporting
+	// without signing off (killed, its host lost, cut off from the
+	// database), and none runs: nothing applies its events.
+	ProblemStopped = "stopped"
+	// ProblemMixed: its running processes read with different shard
+	// counts, each only what is published on its own count.
+	ProblemMixed = "mixed"
+	// ProblemMisread: a running process reads a shard count the running
+	// relays do not publish on.
+	ProblemMisread = "misread"
+	// ProblemUnowned: shards no running process may read.
+	ProblemUnowned = "unowned"
+)
+
+// Problem is something one consumer's processes leave unread, as the
+// inbox page, the dashboard and sluice_inbox_consumer_problems count it.
+type Problem struct {
+	Consumer string
+	Kind     string // ProblemStopped, ProblemMixed, ProblemMisread or ProblemUnowned
+	// Counts are the shard counts read (mixed) or read and not published on
+	// (misread); Published the relays' (misread).
+	Counts, Published []int
+	// Shards is the one count read and Unowned its shards none may read
+	// (unowned).
+	Shards  int
+	Unowned []int
+	// SilentLast is the newest last report of its silent processes
+	// (stopped).
+	SilentLast time.Time
+}
+
+// Problems lists what each consumer's processes leave unread, by consumer,
+// against the shard counts the running relays publish on (published,
+// outbox.Relays.Shards; none: not compared).
+func Problems(cov []Coverage, published []int) []Problem {
+	var out []Problem
+	for _, c := range cov {
+		if c.Running == 0 {
+			out = append(out, Problem{Consumer: c.Consumer, Kind: ProblemStopped, SilentLast: c.SilentLast})
+			continue
+		}
+		if len(c.Shards) > 1 {
+			out = append(out, Problem{Consumer: c.Consumer, Kind: ProblemMixed, Counts: c.Shards})
+		}
+		if m := c.Misread(published); len(m) > 0 {
+			out = append(out, Problem{Consumer: c.Consumer, Kind: ProblemMisread, Counts: m, Published: published})
+		}
+		if len(c.Unowned) > 0 {
+			out = append(out, Problem{Consumer: c.Consumer, Kind: ProblemUnowned, Shards: c.Shards[0], Unowned: c.Unowned})
 		}
 	}
 	return out

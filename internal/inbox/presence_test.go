@@ -190,8 +190,13 @@ func TestAConsumerThatDiesIsSilentThenForgotten(t *testing.T) {
 		rows := listProcesses(t, pool)
 		return len(rows) == 1 && rows[0].Silent, fmt.Errorf("rows %+v", rows)
 	})
-	if cov := inbox.Cover(listProcesses(t, pool)); len(cov) != 0 {
-		t.Fatalf("a silent process counts in no coverage: %+v", cov)
+	rows := listProcesses(t, pool)
+	cov := inbox.Cover(rows)
+	if len(cov) != 1 || cov[0].Running != 0 || cov[0].Silent != 1 || !cov[0].SilentLast.Equal(rows[0].SeenAt) || cov[0].Shards != nil {
+		t.Fatalf("a silent process counts as silent only: %+v", cov)
+	}
+	if p := inbox.Problems(cov, []int{16}); len(p) != 1 || p[0].Kind != inbox.ProblemStopped || p[0].Consumer != "sharded" {
+		t.Fatalf("the consumer's only process is dead: want it stopped, got %+v", p)
 	}
 
 	// An hour and more later (its expiry moved back by that much), a live
@@ -218,26 +223,45 @@ func TestAConsumerThatDiesIsSilentThenForgotten(t *testing.T) {
 	}
 }
 
-// Cover on its own: silent rows count for nothing, mixed shard counts are
-// reported as such (no shard list, since no one count applies), and an
-// unsharded consumer has no shards to own.
+// Cover and Problems on their own: silent rows count only as silent, mixed
+// shard counts are reported as such (no shard list, since no one count
+// applies), an unsharded consumer has no shards to own, and a consumer with
+// silent processes only has stopped.
 func TestCoverSumsRunningProcessesOnly(t *testing.T) {
 	t.Parallel()
+	seen := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
 	rows := []inbox.ProcessRow{
 		{Consumer: "a", Shards: 8, Owned: []int{0, 1, 2, 3}, Held: []int{0, 1, 2}},
-		{Consumer: "a", Shards: 8, Owned: []int{4, 5, 6, 7}, Held: []int{4, 5, 6, 7}, Silent: true},
+		{Consumer: "a", Shards: 8, Owned: []int{4, 5, 6, 7}, Held: []int{4, 5, 6, 7}, Silent: true, SeenAt: seen},
 		{Consumer: "b", Shards: 0},
 		{Consumer: "c", Shards: 4},
 		{Consumer: "c", Shards: 8, Owned: []int{1}},
+		{Consumer: "d", Shards: 0, Silent: true, SeenAt: seen},
+		{Consumer: "d", Shards: 0, Silent: true, SeenAt: seen.Add(time.Minute)},
 	}
 	got := inbox.Cover(rows)
 	want := []inbox.Coverage{
-		{Consumer: "a", Running: 1, Shards: []int{8}, Unowned: []int{4, 5, 6, 7}, Unheld: []int{3}},
+		{Consumer: "a", Running: 1, Silent: 1, SilentLast: seen, Shards: []int{8}, Unowned: []int{4, 5, 6, 7}, Unheld: []int{3}},
 		{Consumer: "b", Running: 1, Shards: []int{0}},
 		{Consumer: "c", Running: 2, Shards: []int{4, 8}},
+		{Consumer: "d", Silent: 2, SilentLast: seen.Add(time.Minute)},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("Cover:\n got %+v\nwant %+v", got, want)
+	}
+	problems := inbox.Problems(got, []int{8})
+	wantProblems := []inbox.Problem{
+		{Consumer: "a", Kind: inbox.ProblemUnowned, Shards: 8, Unowned: []int{4, 5, 6, 7}},
+		{Consumer: "b", Kind: inbox.ProblemMisread, Counts: []int{0}, Published: []int{8}},
+		{Consumer: "c", Kind: inbox.ProblemMixed, Counts: []int{4, 8}},
+		{Consumer: "c", Kind: inbox.ProblemMisread, Counts: []int{4}, Published: []int{8}},
+		{Consumer: "d", Kind: inbox.ProblemStopped, SilentLast: seen.Add(time.Minute)},
+	}
+	if fmt.Sprint(problems) != fmt.Sprint(wantProblems) {
+		t.Fatalf("Problems:\n got %+v\nwant %+v", problems, wantProblems)
+	}
+	if p := inbox.Problems(got[:2], nil); fmt.Sprint(p) != fmt.Sprint(wantProblems[:1]) {
+		t.Fatalf("no relay reports, so no count is compared: got %+v", p)
 	}
 	if m := got[1].Misread(nil); m != nil {
 		t.Fatalf("no relay reports: nothing to compare with, got misread %v", m)

@@ -22,6 +22,7 @@ type collector struct {
 
 	backlog, oldest, dead, held, unknown, reconcile, stuck, discrepancies, clients *prometheus.Desc
 	jobs, paused, heldPartial, relays, relaysDisagree                              *prometheus.Desc
+	consumerProcesses, consumerProblems                                            *prometheus.Desc
 }
 
 // Register adds the feed's gauges to reg.
@@ -50,13 +51,19 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 			[]string{"state"}, nil),
 		relaysDisagree: prometheus.NewDesc("sluice_outbox_relays_disagree",
 			"1 when running relays publish differently (OUTBOX_SHARDS or RELAY_ORDERING): consumers miss or reorder events.", nil, nil),
+		consumerProcesses: prometheus.NewDesc("sluice_inbox_consumer_processes",
+			"Consumer processes by what their reports in inbox_consumer_process say: running; silent (stopped reporting without signing off, in the last hour).",
+			[]string{"state"}, nil),
+		consumerProblems: prometheus.NewDesc("sluice_inbox_consumer_problems",
+			"What the consumer processes leave unread, as the inbox page lists it: consumers none of whose processes runs, processes reading a shard count the relays do not publish on or several counts, shards no running process may read.",
+			nil, nil),
 		paused: prometheus.NewDesc("sluice_outbox_topic_paused",
 			"1 for each topic an operator paused (relays do not publish it until it is resumed).", []string{"topic"}, nil),
 	})
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs, c.paused, c.heldPartial, c.relays, c.relaysDisagree} {
+	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs, c.paused, c.heldPartial, c.relays, c.relaysDisagree, c.consumerProcesses, c.consumerProblems} {
 		ch <- d
 	}
 }
@@ -108,6 +115,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.relays, prometheus.GaugeValue, float64(s.Relays.Paused), "paused")
 	ch <- prometheus.MustNewConstMetric(c.relays, prometheus.GaugeValue, float64(s.Relays.Silent), "silent")
 	ch <- prometheus.MustNewConstMetric(c.relaysDisagree, prometheus.GaugeValue, b2f(s.Relays.Disagree()))
+	procs, silentProcs := s.ConsumerProcesses()
+	ch <- prometheus.MustNewConstMetric(c.consumerProcesses, prometheus.GaugeValue, float64(procs), "running")
+	ch <- prometheus.MustNewConstMetric(c.consumerProcesses, prometheus.GaugeValue, float64(silentProcs), "silent")
+	ch <- prometheus.MustNewConstMetric(c.consumerProblems, prometheus.GaugeValue, float64(len(s.ConsumerProblems())))
 }
 
 func b2f(b bool) float64 {

@@ -49,6 +49,27 @@ type Snapshot struct {
 	Chain            audit.ChainStatus     // the audit chain's latest verifications
 	Approvals        payments.PendingState // four-eyes requests waiting (count and newest id)
 	Relays           outbox.Relays         // what the relays' reports say: running, paused on a broker outage, silent
+	Processes        []inbox.ProcessRow    // the consumer processes' reports
+}
+
+// ConsumerProblems is what the consumer processes leave unread, against the
+// shard counts the running relays publish on: the inbox page's notices, the
+// dashboard's Consumers tile and sluice_inbox_consumer_problems.
+func (s Snapshot) ConsumerProblems() []inbox.Problem {
+	return inbox.Problems(inbox.Cover(s.Processes), s.Relays.Shards)
+}
+
+// ConsumerProcesses counts the consumer processes' reports: running, and
+// silent (stopped reporting without signing off, in the last hour).
+func (s Snapshot) ConsumerProcesses() (running, silent int) {
+	for _, p := range s.Processes {
+		if p.Silent {
+			silent++
+		} else {
+			running++
+		}
+	}
+	return running, silent
 }
 
 // JobProgress is a bulk job's progress (internal/outbox owns it).
@@ -86,6 +107,7 @@ type snapshotReads struct {
 	chain     audit.ChainStatusRead
 	approvals payments.PendingRead
 	relays    outbox.RelaysRead
+	processes inbox.ProcessesRead
 }
 
 func newSnapshotReads(since time.Time, cur *outbox.BacklogCursor) *snapshotReads {
@@ -99,7 +121,7 @@ func newSnapshotReads(since time.Time, cur *outbox.BacklogCursor) *snapshotReads
 }
 
 func (r *snapshotReads) all() []db.Read {
-	return []db.Read{&r.backlog, &r.published, &r.dead, &r.held, &r.payments, &r.inbox, &r.jobs, &r.approvals, &r.chain, &r.relays}
+	return []db.Read{&r.backlog, &r.published, &r.dead, &r.held, &r.payments, &r.inbox, &r.jobs, &r.approvals, &r.chain, &r.relays, &r.processes}
 }
 
 // SnapshotQuery is the statement ReadSnapshot runs for a previous snapshot
@@ -133,6 +155,7 @@ func ReadSnapshot(ctx context.Context, q Querier, prev time.Time, cur *outbox.Ba
 		StuckProcessing: h.StuckProcessing, Discrepancies: h.Discrepancies,
 		RecentDead: r.dead.Events, RecentUnknown: h.RecentUnknown, Consumers: r.inbox.Consumers,
 		Jobs: r.jobs.Jobs, Chain: r.chain.Status, Approvals: r.approvals.State, Relays: r.relays.Relays,
+		Processes: r.processes.Processes,
 	}
 	if elapsed := s.At.Sub(since).Seconds(); elapsed > 0 {
 		s.PublishedPerSec = float64(s.Published) / elapsed
