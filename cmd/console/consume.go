@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/inbox"
+	"github.com/sluice-dev/sluice/internal/outbox"
 )
 
 func runConsume(ctx context.Context, e env, args []string) error {
@@ -35,6 +37,7 @@ func runConsume(ctx context.Context, e env, args []string) error {
 	if err := w.serveMetrics(c.MetricsAddr); err != nil {
 		return err
 	}
+	warnIfRelaysPublishElsewhere(ctx, w, c.Shards)
 	if c.Shards > 0 {
 		sub, ok := w.broker.(broker.ShardSubscriber)
 		if !ok {
@@ -70,4 +73,17 @@ func runConsume(ctx context.Context, e env, args []string) error {
 	n := consumer.Counts()
 	log.Info("consumer stopped", "consumer", c.Consumer, "applied", n.Applied, "duplicates", n.Duplicates, "stale", n.Stale)
 	return err
+}
+
+// warnIfRelaysPublishElsewhere says at start when the running relays publish
+// on another shard count than this consumer reads (the inbox page flags it
+// too, once the consumer reports): it would read subjects or queues nobody
+// publishes on, and look merely idle.
+func warnIfRelaysPublishElsewhere(ctx context.Context, w *brokerWorker, shards int) {
+	running, err := outbox.ReadRelays(ctx, w.pool)
+	if err != nil || running.Alive() == 0 || slices.Contains(running.Shards, shards) {
+		return
+	}
+	w.log.Warn("consume: the running relays publish on another shard count; this consumer will not see their events: give every relay and consumer the same OUTBOX_SHARDS",
+		"outbox_shards", shards, "running_relays_outbox_shards", running.Shards)
 }

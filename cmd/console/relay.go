@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,7 +45,23 @@ func runRelay(ctx context.Context, e env, args []string) error {
 	if err := w.serveMetrics(c.MetricsAddr); err != nil {
 		return err
 	}
+	warnIfRelaysDisagree(ctx, w, c.Shards, c.Ordering)
 	return relay.Run(ctx)
+}
+
+// warnIfRelaysDisagree says at start when the relays already running publish
+// otherwise than this one will (the console flags it too, once this relay
+// reports): consumers read one shard count and see nothing of the others.
+func warnIfRelaysDisagree(ctx context.Context, w *brokerWorker, shards int, ordered bool) {
+	running, err := outbox.ReadRelays(ctx, w.pool)
+	if err != nil || running.Alive() == 0 {
+		return // the relay's own report will say more; nothing to compare with
+	}
+	if !slices.Contains(running.Shards, shards) || !slices.Contains(running.Ordered, ordered) {
+		w.log.Warn("relay: the running relays publish differently; consumers will miss or reorder events: give every relay and consumer the same OUTBOX_SHARDS and RELAY_ORDERING",
+			"outbox_shards", shards, "running_relays_outbox_shards", running.Shards,
+			"relay_ordering", ordered, "running_relays_ordering", running.Ordered)
+	}
 }
 
 // newProcessRegistry is a registry of this process's own (never the

@@ -32,6 +32,12 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 	return l.b.Write(p)
 }
 
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // `console relay` and `console consume` wired end to end on embedded NATS:
 // events written before they start reach the consume_effect table once, and
 // both stop with exit 0 when their context ends (SIGINT).
