@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -269,10 +270,10 @@ func TestRelaysThatPublishDifferentlyAreFlagged(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{tick: 50 * time.Millisecond})
 	if _, err := h.pool.Exec(context.Background(), `
-		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, shards, ordered)
-		VALUES (gen_random_uuid(), 'sharded', 'h1', 1, now(), now(), now() + interval '1 hour', 16, true),
-		       (gen_random_uuid(), 'unsharded', 'h2', 2, now(), now(), now() + interval '1 hour', 0, true),
-		       (gen_random_uuid(), 'gone', 'h3', 3, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, false)`); err != nil {
+		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, shards, ordered, published, published_at)
+		VALUES (gen_random_uuid(), 'sharded', 'h1', 1, now(), now(), now() + interval '1 hour', 16, true, 1234, now() - interval '2 minutes'),
+		       (gen_random_uuid(), 'unsharded', 'h2', 2, now(), now(), now() + interval '1 hour', 0, true, 0, NULL),
+		       (gen_random_uuid(), 'gone', 'h3', 3, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, false, 7, now() - interval '10 minutes')`); err != nil {
 		t.Fatal(err)
 	}
 	b := newBrowser(t)
@@ -297,9 +298,11 @@ func TestRelaysThatPublishDifferentlyAreFlagged(t *testing.T) {
 	got := map[string]string{}
 	d.Find(`[data-testid="relay-row"]`).Each(func(_ int, s *goquery.Selection) {
 		got[strings.TrimSpace(s.Find(`[data-testid="relay-name"]`).Text())] = strings.TrimSpace(s.Find(`[data-testid="relay-shards"]`).Text()) +
-			" " + strings.TrimSpace(s.Find(`[data-testid="relay-ordering"]`).Text())
+			" " + strings.TrimSpace(s.Find(`[data-testid="relay-ordering"]`).Text()) +
+			" " + strings.TrimSpace(s.Find(`[data-testid="relay-published"]`).Text()) +
+			" " + regexp.MustCompile(`\d\ds`).ReplaceAllString(strings.TrimSpace(s.Find(`[data-testid="relay-last-publish"]`).Text()), "Ns")
 	})
-	if fmt.Sprint(got) != "map[gone:16 off sharded:16 on unsharded:unsharded on]" {
+	if fmt.Sprint(got) != "map[gone:16 off 7 10mNs ago sharded:16 on 1,234 2mNs ago unsharded:unsharded on 0 none yet]" {
 		t.Fatalf("relays page rows %v", got)
 	}
 }

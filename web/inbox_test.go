@@ -146,11 +146,11 @@ func TestInboxPageShowsConsumerProcessesAndWhatTheyMiss(t *testing.T) {
 	if _, err := h.pool.Exec(ctx, `
 		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, shards, ordered)
 		VALUES (gen_random_uuid(), 'relay', 'h1', 1, now(), now(), now() + interval '1 hour', 16, true);
-		INSERT INTO inbox_consumer_process (id, consumer, host, pid, started_at, seen_at, expires_at, shards, owned, held)
-		VALUES (gen_random_uuid(), 'orders', 'c1', 11, now(), now(), now() + interval '1 hour', 16, '{0,1,2,3,4,5,6,7}', '{0,1,2,3,4,5,6}'),
-		       (gen_random_uuid(), 'orders', 'c2', 12, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, '{8,9,10,11,12,13,14,15}', '{8,9,10,11,12,13,14,15}'),
-		       (gen_random_uuid(), 'audit', 'c3', 13, now(), now(), now() + interval '1 hour', 8, NULL, '{0,1,2,3,4,5,6,7}'),
-		       (gen_random_uuid(), 'ledger', 'c4', 14, now(), now() - interval '3 minutes', now() - interval '2 minutes', 0, NULL, '{}')`); err != nil {
+		INSERT INTO inbox_consumer_process (id, consumer, host, pid, started_at, seen_at, expires_at, shards, owned, held, applied, applied_at)
+		VALUES (gen_random_uuid(), 'orders', 'c1', 11, now(), now(), now() + interval '1 hour', 16, '{0,1,2,3,4,5,6,7}', '{0,1,2,3,4,5,6}', 98765, now() - interval '4 minutes'),
+		       (gen_random_uuid(), 'orders', 'c2', 12, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, '{8,9,10,11,12,13,14,15}', '{8,9,10,11,12,13,14,15}', 5, now() - interval '11 minutes'),
+		       (gen_random_uuid(), 'audit', 'c3', 13, now(), now(), now() + interval '1 hour', 8, NULL, '{0,1,2,3,4,5,6,7}', 0, NULL),
+		       (gen_random_uuid(), 'ledger', 'c4', 14, now(), now() - interval '3 minutes', now() - interval '2 minutes', 0, NULL, '{}', 0, NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{
@@ -173,13 +173,15 @@ func TestInboxPageShowsConsumerProcessesAndWhatTheyMiss(t *testing.T) {
 	rows.Each(func(_ int, s *goquery.Selection) {
 		got = append(got, strings.Join([]string{s.Find(`[data-testid="process-consumer"]`).Text(),
 			s.Find(`[data-testid="process-shards"]`).Text(), s.Find(`[data-testid="process-reads"]`).Text(),
+			s.Find(`[data-testid="process-applied"]`).Text(),
+			regexp.MustCompile(`\d\ds`).ReplaceAllString(s.Find(`[data-testid="process-last-apply"]`).Text(), "Ns"),
 			fmt.Sprint(s.HasClass("warn"))}, " | "))
 	})
 	wantRows := []string{
-		"audit | 8 | 0–7 · may read any | false",
-		"ledger | unsharded | every message | true",
-		"orders | 16 | 0–6 · may read 0–7 | false",
-		"orders | 16 | 8–15 · may read 8–15 | true",
+		"audit | 8 | 0–7 · may read any | 0 | none yet | false",
+		"ledger | unsharded | every message | 0 | none yet | true",
+		"orders | 16 | 0–6 · may read 0–7 | 98,765 | 4mNs ago | false",
+		"orders | 16 | 8–15 · may read 8–15 | 5 | 11mNs ago | true",
 	}
 	if fmt.Sprint(got) != fmt.Sprint(wantRows) {
 		t.Errorf("rows:\n got %q\nwant %q", got, wantRows)

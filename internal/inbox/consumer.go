@@ -34,6 +34,7 @@ type Consumer struct {
 	ReportInterval time.Duration
 
 	applied, duplicates, stale atomic.Int64
+	lastApplied                atomic.Pointer[time.Time]
 }
 
 // ConsumerCounts are what a Consumer did since it started.
@@ -46,7 +47,7 @@ func (c *Consumer) Counts() ConsumerCounts {
 
 // Run consumes until ctx ends, reporting the process meanwhile.
 func (c *Consumer) Run(ctx context.Context, sub broker.Subscriber) error {
-	defer newPresence(c.Inbox, c.Name, 0, nil, c.ReportInterval).start(ctx)()
+	defer newPresence(c.Inbox, c.Name, 0, nil, c.ReportInterval, &c.applied, &c.lastApplied).start(ctx)()
 	return sub.Subscribe(ctx, c.Name, c.Handle)
 }
 
@@ -87,6 +88,8 @@ func (c *Consumer) Handle(ctx context.Context, msg broker.Message) (err error) {
 	}
 	switch res {
 	case Applied:
+		now := time.Now()
+		c.lastApplied.Store(&now)
 		c.applied.Add(1)
 	case Duplicate:
 		c.duplicates.Add(1)

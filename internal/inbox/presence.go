@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -51,11 +52,17 @@ WITH gone AS (
 		SELECT id FROM inbox_consumer_process
 		 WHERE expires_at < statement_timestamp() - $6::bigint * interval '1 microsecond' AND id <> $1
 		   FOR UPDATE SKIP LOCKED))
-INSERT INTO inbox_consumer_process AS p (id, consumer, host, pid, started_at, seen_at, expires_at, shards, owned, held)
+INSERT INTO inbox_consumer_process AS p (id, consumer, host, pid, started_at, seen_at, expires_at, shards, owned, held,
+                                         applied, applied_at)
 VALUES ($1, $2, $3, $4, statement_timestamp(), statement_timestamp(),
-        statement_timestamp() + $5::bigint * interval '1 microsecond', $7, $8, $9)
+        statement_timestamp() + $5::bigint * interval '1 microsecond', $7, $8, $9,
+        $10, statement_timestamp() - $11::bigint * interval '1 microsecond')
 ON CONFLICT (id) DO UPDATE
-   SET seen_at = excluded.seen_at, expires_at = excluded.expires_at, held = excluded.held`
+   SET seen_at = excluded.seen_at, expires_at = excluded.expires_at, held = excluded.held, applied = excluded.applied,
+       -- Kept while the count stands: the time is worked out again at each
+       -- report, to within the report's own latency, and must not wander.
+       applied_at = CASE WHEN excluded.applied <> p.applied OR p.applied_at IS NULL
+                         THEN excluded.applied_at ELSE p.applied_at END`
 
 // presence is one consumer process's row.
 type presence struct {
@@ -69,12 +76,17 @@ type presence struct {
 	owned    []int32 // nil: every shard
 	interval time.Duration
 	now      chan struct{}
+	// applied is what the process has applied since it started, and when
+	// it last did (nil: not yet), for its report.
+	applied     *atomic.Int64
+	lastApplied *atomic.Pointer[time.Time]
 
 	mu   sync.Mutex
 	held []int32
 }
 
-func newPresence(in *Inbox, consumer string, shards int, owned []int, interval time.Duration) *presence {
+func newPresence(in *Inbox, consumer string, shards int, owned []int, interval time.Duration,
+	applied *atomic.Int64, lastApplied *atomic.Pointer[time.Time]) *presence {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "unknown"
@@ -83,7 +95,7 @@ func newPresence(in *Inbox, consumer string, shards int, owned []int, interval t
 		interval = DefaultReportInterval
 	}
 	p := &presence{pool: in.pool, log: in.log, id: uuid.New(), consumer: consumer, host: host, pid: os.Getpid(),
-		shards: shards, interval: interval, now: make(chan struct{}, 1), held: []int32{}}
+		shards: shards, interval: interval, now: make(chan struct{}, 1), held: []int32{}, applied: applied, lastApplied: lastApplied}
 	if owned != nil {
 		p.owned = toInt32s(owned)
 		slices.Sort(p.owned)
@@ -120,8 +132,16 @@ func (p *presence) report(ctx context.Context) error {
 	p.mu.Lock()
 	held := p.held
 	p.mu.Unlock()
+	// The last apply goes as how long ago it was, by this process's
+	// monotonic clock (NULL: none yet).
+	var sinceLast *int64
+	if at := p.lastApplied.Load(); at != nil {
+		us := time.Since(*at).Microseconds()
+		sinceLast = &us
+	}
 	_, err := p.pool.Exec(ctx, presenceSQL, p.id, p.consumer, p.host, p.pid,
-		(ProcessSilentAfter * p.interval).Microseconds(), processForgetAfter.Microseconds(), p.shards, p.owned, held)
+		(ProcessSilentAfter * p.interval).Microseconds(), processForgetAfter.Microseconds(), p.shards, p.owned, held,
+		p.applied.Load(), sinceLast)
 	if err != nil {
 		return fmt.Errorf("inbox: consumer report: %w", err)
 	}
@@ -183,6 +203,11 @@ type ProcessRow struct {
 	Shards int   `json:"shards"` // the OUTBOX_SHARDS it reads (0: unsharded)
 	Owned  []int `json:"owned"`  // the shards it may read (nil: every one)
 	Held   []int `json:"held"`   // the shards it reads now (sharded only)
+	// Applied is how many events it has applied since it started,
+	// AppliedAt when it last applied one (nil: none yet), as of its last
+	// report.
+	Applied   int64      `json:"applied"`
+	AppliedAt *time.Time `json:"applied_at"`
 }
 
 // processListLimit bounds the read: one row per process and per process
@@ -201,7 +226,8 @@ type ProcessesRead struct {
 func (r *ProcessesRead) Expr(*db.Args) string {
 	return `SELECT coalesce(json_agg(json_build_object('consumer', consumer, 'host', host, 'pid', pid,
 	                 'started_at', started_at, 'seen_at', seen_at, 'silent', silent, 'shards', shards,
-	                 'owned', owned, 'held', held) ORDER BY consumer, silent, host, pid), '[]')
+	                 'owned', owned, 'held', held, 'applied', applied, 'applied_at', applied_at)
+	                 ORDER BY consumer, silent, host, pid), '[]')
 	  FROM (SELECT *, expires_at <= now() AS silent FROM inbox_consumer_process
 	         WHERE expires_at >= now() - ` + forgetInterval + `
 	         ORDER BY consumer, expires_at <= now(), host, pid

@@ -54,6 +54,7 @@ type ShardedConsumer struct {
 	ReportInterval time.Duration
 
 	applied, duplicates, stale, batches atomic.Int64
+	lastApplied                         atomic.Pointer[time.Time]
 	running                             atomic.Int64
 }
 
@@ -122,7 +123,7 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 			return fmt.Errorf("inbox: declare shard queues: %w", err)
 		}
 	}
-	report := newPresence(c.Inbox, c.Name, c.Shards, c.Owned, c.ReportInterval)
+	report := newPresence(c.Inbox, c.Name, c.Shards, c.Owned, c.ReportInterval, &c.applied, &c.lastApplied)
 	defer report.start(ctx)()
 	var (
 		lockConn *pgxpool.Conn
@@ -336,6 +337,10 @@ func (c *ShardedConsumer) runShard(ctx context.Context, sub broker.ShardSubscrib
 					return err
 				}
 				c.batches.Add(1)
+				if n.Applied > 0 {
+					now := time.Now()
+					c.lastApplied.Store(&now)
+				}
 				c.applied.Add(int64(n.Applied))
 				c.duplicates.Add(int64(n.Duplicates))
 				c.stale.Add(int64(n.Stale))

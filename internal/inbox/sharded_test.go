@@ -605,6 +605,23 @@ func TestShardsAreSharedAsProcessesComeAndGo(t *testing.T) {
 	})
 	t.Logf("hand-overs done at %d of %d events applied", moved, total)
 	time.Sleep(300 * time.Millisecond) // anything in flight lands before counting
+	// Each running process's report says what it applied and when.
+	testkit.Eventually(t, "the reports to carry each process's applied count", func() (bool, error) {
+		rows, _, err := inbox.ListProcesses(ctx, pool)
+		if err != nil || len(rows) != 2 {
+			return false, fmt.Errorf("rows %+v (%v)", rows, err)
+		}
+		for _, r := range rows {
+			p := a
+			if r.Owned != nil {
+				p = c
+			}
+			if n := p.c.Counts().Applied; r.Applied != n || n == 0 || r.AppliedAt == nil || r.AppliedAt.After(r.SeenAt) {
+				return false, fmt.Errorf("row %+v: want %d applied, last before its report", r, n)
+			}
+		}
+		return true, nil
+	})
 	stop(a)
 	stop(c)
 	checkConsumed(t, pool, total)

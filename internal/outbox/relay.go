@@ -126,6 +126,9 @@ type Relay struct {
 	ident     relayIdentity
 
 	compacted atomic.Int64 // when compactCounts last ran (Unix ns)
+	// lastPublish is when a batch was last marked published (nil: none
+	// yet), for the relay's report; a time.Time keeps the monotonic clock.
+	lastPublish atomic.Pointer[time.Time]
 
 	cursor claimCursor
 }
@@ -1113,6 +1116,8 @@ func (r *Relay) markPublished(ctx context.Context, evs []claimed, token uuid.UUI
 	r.stats.published.Add(int64(n))
 	if n > 0 {
 		r.outage.Store(0)
+		now := time.Now()
+		r.lastPublish.Store(&now)
 	}
 	return n, nil
 }

@@ -51,12 +51,19 @@ gone AS (
 		SELECT id FROM outbox_relay, now
 		 WHERE expires_at < now.t - $7::bigint * interval '1 microsecond' AND id <> $1
 		   FOR UPDATE SKIP LOCKED))
-INSERT INTO outbox_relay AS r (id, name, host, pid, started_at, seen_at, expires_at, unavailable_since, shards, ordered)
-SELECT $1, $3, $4, $5, now.t, now.t, now.t + $6::bigint * interval '1 microsecond', CASE WHEN $8 THEN now.t END, $9, $10
+INSERT INTO outbox_relay AS r (id, name, host, pid, started_at, seen_at, expires_at, unavailable_since, shards, ordered,
+                               published, published_at)
+SELECT $1, $3, $4, $5, now.t, now.t, now.t + $6::bigint * interval '1 microsecond', CASE WHEN $8 THEN now.t END, $9, $10,
+       $11, now.t - $12::bigint * interval '1 microsecond'
   FROM now
 ON CONFLICT (id) DO UPDATE
    SET seen_at = excluded.seen_at, expires_at = excluded.expires_at,
-       unavailable_since = CASE WHEN $8 THEN coalesce(r.unavailable_since, excluded.seen_at) END`
+       unavailable_since = CASE WHEN $8 THEN coalesce(r.unavailable_since, excluded.seen_at) END,
+       published = excluded.published,
+       -- Kept while the count stands: the time is worked out again at each
+       -- report, to within the report's own latency, and must not wander.
+       published_at = CASE WHEN excluded.published <> r.published OR r.published_at IS NULL
+                           THEN excluded.published_at ELSE r.published_at END`
 
 // relayIdentity is what a relay's row says of it besides its state.
 type relayIdentity struct {
@@ -73,11 +80,17 @@ func newRelayIdentity() relayIdentity {
 	return relayIdentity{id: uuid.New(), host: host, pid: os.Getpid()}
 }
 
-// report writes the relay's row once.
+// report writes the relay's row once. Its last publish goes as how long
+// ago it was, by this process's monotonic clock (NULL: none yet).
 func (r *Relay) report(ctx context.Context) error {
+	var sinceLast *int64
+	if at := r.lastPublish.Load(); at != nil {
+		us := time.Since(*at).Microseconds()
+		sinceLast = &us
+	}
 	_, err := r.pool.Exec(ctx, reportSQL, r.ident.id, r.nowArg(), r.cfg.Name, r.ident.host, r.ident.pid,
 		(RelaySilentAfter * r.cfg.ReportInterval).Microseconds(), relayForgetAfter.Microseconds(), r.paused.Load(),
-		r.cfg.Shards, !r.cfg.DisableOrdering)
+		r.cfg.Shards, !r.cfg.DisableOrdering, r.stats.published.Load(), sinceLast)
 	if err != nil {
 		return fmt.Errorf("outbox: relay report: %w", err)
 	}
@@ -204,6 +217,11 @@ type RelayRow struct {
 	State      string     // RelayRunning, RelayPaused or RelaySilent, on the database's clock
 	Shards     int        // OUTBOX_SHARDS it publishes with (0: unsharded)
 	Ordered    bool       // RELAY_ORDERING
+	// Published is how many events it has published and marked since it
+	// started, PublishedAt when it last marked one (nil: none yet), as of
+	// its last report.
+	Published   int64
+	PublishedAt *time.Time
 }
 
 // The states of a relay's report (Relays counts them).
@@ -225,7 +243,7 @@ func ListRelays(ctx context.Context, q db.Querier) ([]RelayRow, time.Time, error
 		SELECT name, host, pid, started_at, seen_at,
 		       CASE WHEN expires_at <= now() THEN seen_at ELSE unavailable_since END,
 		       CASE WHEN expires_at <= now() THEN 'silent' WHEN unavailable_since IS NOT NULL THEN 'paused' ELSE 'running' END,
-		       shards, ordered, now()
+		       shards, ordered, published, published_at, now()
 		  FROM outbox_relay
 		 WHERE expires_at >= now() - `+forgetInterval+`
 		 ORDER BY CASE WHEN expires_at <= now() THEN 1 WHEN unavailable_since IS NOT NULL THEN 0 ELSE 2 END, name, host, pid
@@ -240,7 +258,7 @@ func ListRelays(ctx context.Context, q db.Querier) ([]RelayRow, time.Time, error
 	)
 	for rows.Next() {
 		var r RelayRow
-		if err := rows.Scan(&r.Name, &r.Host, &r.PID, &r.StartedAt, &r.SeenAt, &r.Since, &r.State, &r.Shards, &r.Ordered, &at); err != nil {
+		if err := rows.Scan(&r.Name, &r.Host, &r.PID, &r.StartedAt, &r.SeenAt, &r.Since, &r.State, &r.Shards, &r.Ordered, &r.Published, &r.PublishedAt, &at); err != nil {
 			return nil, time.Time{}, fmt.Errorf("outbox: list relays: %w", err)
 		}
 		out = append(out, r)

@@ -62,6 +62,9 @@ func TestRelayReportsRunningPausedAndStopped(t *testing.T) {
 	if name != "reporter" || host == "" || pid <= 0 {
 		t.Fatalf("the relay's row says name %q, host %q, pid %d", name, host, pid)
 	}
+	if rows := listRelays(t, pool); len(rows) != 1 || rows[0].Published != 0 || rows[0].PublishedAt != nil {
+		t.Fatalf("before any publish: %+v, want nothing published", rows)
+	}
 
 	// The broker refuses: the relay pauses on the next batch and says so at
 	// once, not at its next interval's report.
@@ -93,6 +96,14 @@ func TestRelayReportsRunningPausedAndStopped(t *testing.T) {
 
 	refusing.Store(false)
 	testkit.Until(t, "the relay reported as running again", func() bool { return counts(readRelays(t, pool)) == [3]int64{1, 0, 0} })
+	// What it published once the broker was back, in its report.
+	testkit.Until(t, "the five events in the relay's report", func() bool {
+		rows := listRelays(t, pool)
+		return len(rows) == 1 && rows[0].Published == 5 && rows[0].PublishedAt != nil
+	})
+	if row := listRelays(t, pool)[0]; row.PublishedAt.Before(paused.PausedSince) || row.PublishedAt.After(row.SeenAt) {
+		t.Fatalf("last publish at %s: want after the pause began (%s) and by the last report (%s)", row.PublishedAt, paused.PausedSince, row.SeenAt)
+	}
 
 	cancel()
 	if err := <-done; err != nil {
@@ -104,6 +115,74 @@ func TestRelayReportsRunningPausedAndStopped(t *testing.T) {
 	}
 	if rows != 0 {
 		t.Fatalf("%d rows in outbox_relay after Run returned, want its row deleted", rows)
+	}
+}
+
+func listRelays(t *testing.T, q db.Querier) []outbox.RelayRow {
+	t.Helper()
+	rows, _, err := outbox.ListRelays(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+// A relay whose publish hangs still reports (its reports run beside its
+// claims), so its state alone says running; its last publish stays where it
+// was while its reports go on, which is what the relays page shows.
+func TestAStuckRelayReportsButItsLastPublishAges(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	var calls atomic.Int64
+	release := make(chan struct{})
+	pub := &memPublisher{name: "r", log: &pubLog{}, before: func(ctx context.Context, _ broker.Message) error {
+		if calls.Add(1) > 3 { // the first batch of three goes through
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}}
+	r, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Name: "stuck", PollInterval: 5 * time.Millisecond,
+		DisableListen: true, ReportInterval: 20 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	bulkInsert(t, pool, "stuck", 3, 1)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	var first outbox.RelayRow
+	testkit.Until(t, "the first three published", func() bool {
+		rows := listRelays(t, pool)
+		if len(rows) == 1 && rows[0].Published == 3 && rows[0].PublishedAt != nil {
+			first = rows[0]
+			return true
+		}
+		return false
+	})
+	bulkInsert(t, pool, "stuck-later", 3, 1)
+	testkit.Until(t, "the relay stuck in its publish", func() bool { return calls.Load() > 3 })
+	testkit.Until(t, "reports going on during the hang", func() bool {
+		rows := listRelays(t, pool)
+		return len(rows) == 1 && rows[0].SeenAt.Sub(first.SeenAt) > 200*time.Millisecond
+	})
+	later := listRelays(t, pool)[0]
+	if later.State != outbox.RelayRunning || later.Published != 3 || !later.PublishedAt.Equal(*first.PublishedAt) {
+		t.Fatalf("stuck relay's report: %+v; want running, still 3 published at %s", later, first.PublishedAt)
+	}
+	close(release)
+	testkit.Until(t, "the rest published once the publish returns", func() bool {
+		rows := listRelays(t, pool)
+		return len(rows) == 1 && rows[0].Published == 6 && rows[0].PublishedAt.After(*first.PublishedAt)
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
 
