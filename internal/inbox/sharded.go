@@ -136,6 +136,9 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 		// found free while at our share, left to the others once.
 		releasing = map[int]bool{}
 		seenFree  = map[int]bool{}
+		// peersFailing: the last read of the peers' reports failed (logged
+		// once per run of failures).
+		peersFailing bool
 	)
 	heldNow := func() {
 		mu.Lock()
@@ -237,8 +240,13 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 		// below its share takes it first). Without peers' reports (none
 		// yet, or the read failed) every free shard is taken, as before.
 		peers, err := report.peers(ctx)
-		if err != nil && ctx.Err() == nil {
-			log.Warn("inbox: read the other processes' reports; not sharing shards this time", "err", err)
+		switch {
+		case err != nil && ctx.Err() == nil && !peersFailing:
+			log.Warn("inbox: cannot read the other processes' reports; taking every free shard until it can", "err", err)
+			peersFailing = true
+		case err == nil && peersFailing:
+			log.Info("inbox: reads the other processes' reports again; sharing shards")
+			peersFailing = false
 		}
 		fair := c.Shards
 		if len(peers) > 0 {
