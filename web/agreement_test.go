@@ -270,10 +270,10 @@ func TestRelaysThatPublishDifferentlyAreFlagged(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{tick: 50 * time.Millisecond})
 	if _, err := h.pool.Exec(context.Background(), `
-		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, shards, ordered, published, published_at)
-		VALUES (gen_random_uuid(), 'sharded', 'h1', 1, now(), now(), now() + interval '1 hour', 16, true, 1234, now() - interval '2 minutes'),
-		       (gen_random_uuid(), 'unsharded', 'h2', 2, now(), now(), now() + interval '1 hour', 0, true, 0, NULL),
-		       (gen_random_uuid(), 'gone', 'h3', 3, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, false, 7, now() - interval '10 minutes')`); err != nil {
+		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, shards, ordered, published, published_at, failed, last_error, last_error_at)
+		VALUES (gen_random_uuid(), 'sharded', 'h1', 1, now(), now(), now() + interval '1 hour', 16, true, 1234, now() - interval '2 minutes', 3, 'nats: <no responders>', now() - interval '1 minute'),
+		       (gen_random_uuid(), 'unsharded', 'h2', 2, now(), now(), now() + interval '1 hour', 0, true, 0, NULL, 0, NULL, NULL),
+		       (gen_random_uuid(), 'gone', 'h3', 3, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, false, 7, now() - interval '10 minutes', 0, NULL, NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	b := newBrowser(t)
@@ -304,5 +304,17 @@ func TestRelaysThatPublishDifferentlyAreFlagged(t *testing.T) {
 	})
 	if fmt.Sprint(got) != "map[gone:16 off 7 10mNs ago sharded:16 on 1,234 2mNs ago unsharded:unsharded on 0 none yet]" {
 		t.Fatalf("relays page rows %v", got)
+	}
+	// The sharded relay failed after its last publish: flagged, in the
+	// broker's words (escaped).
+	sharded := d.Find(`[data-testid="relay-row"]`).FilterFunction(func(_ int, s *goquery.Selection) bool {
+		return strings.TrimSpace(s.Find(`[data-testid="relay-name"]`).Text()) == "sharded"
+	})
+	lastErr := regexp.MustCompile(`\d\ds`).ReplaceAllString(sharded.Find(`[data-testid="relay-last-error"]`).Text(), "Ns")
+	if !sharded.HasClass("warn") || lastErr != "failing: last failure 1mNs ago (3 failed attempts since it started): nats: <no responders>" {
+		t.Fatalf("failing relay: warn %v, last error %q", sharded.HasClass("warn"), lastErr)
+	}
+	if !strings.Contains(body, "nats: &lt;no responders&gt;") {
+		t.Fatalf("the broker's error is not escaped on the page")
 	}
 }

@@ -146,11 +146,11 @@ func TestInboxPageShowsConsumerProcessesAndWhatTheyMiss(t *testing.T) {
 	if _, err := h.pool.Exec(ctx, `
 		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, shards, ordered)
 		VALUES (gen_random_uuid(), 'relay', 'h1', 1, now(), now(), now() + interval '1 hour', 16, true);
-		INSERT INTO inbox_consumer_process (id, consumer, host, pid, started_at, seen_at, expires_at, shards, owned, held, applied, applied_at)
-		VALUES (gen_random_uuid(), 'orders', 'c1', 11, now(), now(), now() + interval '1 hour', 16, '{0,1,2,3,4,5,6,7}', '{0,1,2,3,4,5,6}', 98765, now() - interval '4 minutes'),
-		       (gen_random_uuid(), 'orders', 'c2', 12, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, '{8,9,10,11,12,13,14,15}', '{8,9,10,11,12,13,14,15}', 5, now() - interval '11 minutes'),
-		       (gen_random_uuid(), 'audit', 'c3', 13, now(), now(), now() + interval '1 hour', 8, NULL, '{0,1,2,3,4,5,6,7}', 0, NULL),
-		       (gen_random_uuid(), 'ledger', 'c4', 14, now(), now() - interval '3 minutes', now() - interval '2 minutes', 0, NULL, '{}', 0, NULL)`); err != nil {
+		INSERT INTO inbox_consumer_process (id, consumer, host, pid, started_at, seen_at, expires_at, shards, owned, held, applied, applied_at, failed, failed_at)
+		VALUES (gen_random_uuid(), 'orders', 'c1', 11, now(), now(), now() + interval '1 hour', 16, '{0,1,2,3,4,5,6,7}', '{0,1,2,3,4,5,6}', 98765, now() - interval '4 minutes', 14, now() - interval '5 minutes'),
+		       (gen_random_uuid(), 'orders', 'c2', 12, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, '{8,9,10,11,12,13,14,15}', '{8,9,10,11,12,13,14,15}', 5, now() - interval '11 minutes', 0, NULL),
+		       (gen_random_uuid(), 'audit', 'c3', 13, now(), now(), now() + interval '1 hour', 8, NULL, '{0,1,2,3,4,5,6,7}', 0, NULL, 2, now() - interval '30 seconds'),
+		       (gen_random_uuid(), 'ledger', 'c4', 14, now(), now() - interval '3 minutes', now() - interval '2 minutes', 0, NULL, '{}', 0, NULL, 0, NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{
@@ -178,7 +178,7 @@ func TestInboxPageShowsConsumerProcessesAndWhatTheyMiss(t *testing.T) {
 			fmt.Sprint(s.HasClass("warn"))}, " | "))
 	})
 	wantRows := []string{
-		"audit | 8 | 0–7 · may read any | 0 | none yet | false",
+		"audit | 8 | 0–7 · may read any | 0 | none yet | true",
 		"ledger | unsharded | every message | 0 | none yet | true",
 		"orders | 16 | 0–6 · may read 0–7 | 98,765 | 4mNs ago | false",
 		"orders | 16 | 8–15 · may read 8–15 | 5 | 11mNs ago | true",
@@ -188,6 +188,14 @@ func TestInboxPageShowsConsumerProcessesAndWhatTheyMiss(t *testing.T) {
 	}
 	if st := rows.Eq(3).Find(`[data-testid="process-state"]`).Text(); !regexp.MustCompile(`^silent for 10m\d\ds: stopped reporting without signing off$`).MatchString(st) {
 		t.Errorf("silent process's state %q", st)
+	}
+	// audit failed and never applied since: failing; orders's c1 failed
+	// before its last apply: running, its failures told.
+	if st := rows.Eq(0).Find(`[data-testid="process-state"]`).Text(); !regexp.MustCompile(`^running, failing: what it reads does not apply; its log says why · last failure 3\d(\.\d+)?s ago, 2 since it started$`).MatchString(st) {
+		t.Errorf("failing process's state %q", st)
+	}
+	if st := rows.Eq(2).Find(`[data-testid="process-state"]`).Text(); !regexp.MustCompile(`^running · last failure 5m\d\ds ago, 14 since it started$`).MatchString(st) {
+		t.Errorf("a process that failed before its last apply: state %q", st)
 	}
 	// The same on the dashboard's tile and /metrics.
 	testkit.Eventually(t, "the Consumers tile to flag them", func() (bool, error) {
@@ -211,7 +219,7 @@ func TestInboxPageShowsConsumerProcessesAndWhatTheyMiss(t *testing.T) {
 	// nothing is left unread.
 	if _, err := h.pool.Exec(ctx, `
 		UPDATE inbox_consumer_process SET seen_at = now(), expires_at = now() + interval '1 hour' WHERE host = 'c2';
-		UPDATE inbox_consumer_process SET shards = 16, held = '{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15}' WHERE consumer = 'audit';
+		UPDATE inbox_consumer_process SET shards = 16, held = '{0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15}', applied = 3, applied_at = now() WHERE consumer = 'audit';
 		UPDATE inbox_consumer_process SET seen_at = now() - interval '2 hours', expires_at = now() - interval '2 hours' WHERE consumer = 'ledger'`); err != nil {
 		t.Fatal(err)
 	}

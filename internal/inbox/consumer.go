@@ -34,7 +34,7 @@ type Consumer struct {
 	ReportInterval time.Duration
 
 	applied, duplicates, stale atomic.Int64
-	lastApplied                atomic.Pointer[time.Time]
+	act                        activity
 }
 
 // ConsumerCounts are what a Consumer did since it started.
@@ -47,7 +47,7 @@ func (c *Consumer) Counts() ConsumerCounts {
 
 // Run consumes until ctx ends, reporting the process meanwhile.
 func (c *Consumer) Run(ctx context.Context, sub broker.Subscriber) error {
-	defer newPresence(c.Inbox, c.Name, 0, nil, c.ReportInterval, &c.applied, &c.lastApplied).start(ctx)()
+	defer newPresence(c.Inbox, c.Name, 0, nil, c.ReportInterval, &c.applied, &c.act).start(ctx)()
 	return sub.Subscribe(ctx, c.Name, c.Handle)
 }
 
@@ -79,6 +79,7 @@ func (c *Consumer) Handle(ctx context.Context, msg broker.Message) (err error) {
 		res, err = c.Inbox.Handle(ctx, c.Name, msg.ID, fn)
 	}
 	if err != nil {
+		c.act.didFail()
 		// The subscriber retries this message in place; say why it waits.
 		c.Inbox.log.Warn("inbox: effect failed; will retry", "consumer", c.Name, "message_id", msg.ID, "err", err)
 		return fmt.Errorf("inbox: consumer %s, message %s: %w", c.Name, msg.ID, err)
@@ -88,8 +89,7 @@ func (c *Consumer) Handle(ctx context.Context, msg broker.Message) (err error) {
 	}
 	switch res {
 	case Applied:
-		now := time.Now()
-		c.lastApplied.Store(&now)
+		c.act.didApply()
 		c.applied.Add(1)
 	case Duplicate:
 		c.duplicates.Add(1)

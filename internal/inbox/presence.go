@@ -53,16 +53,20 @@ WITH gone AS (
 		 WHERE expires_at < statement_timestamp() - $6::bigint * interval '1 microsecond' AND id <> $1
 		   FOR UPDATE SKIP LOCKED))
 INSERT INTO inbox_consumer_process AS p (id, consumer, host, pid, started_at, seen_at, expires_at, shards, owned, held,
-                                         applied, applied_at)
+                                         applied, applied_at, failed, failed_at)
 VALUES ($1, $2, $3, $4, statement_timestamp(), statement_timestamp(),
         statement_timestamp() + $5::bigint * interval '1 microsecond', $7, $8, $9,
-        $10, statement_timestamp() - $11::bigint * interval '1 microsecond')
+        $10, statement_timestamp() - $11::bigint * interval '1 microsecond',
+        $12, statement_timestamp() - $13::bigint * interval '1 microsecond')
 ON CONFLICT (id) DO UPDATE
    SET seen_at = excluded.seen_at, expires_at = excluded.expires_at, held = excluded.held, applied = excluded.applied,
        -- Kept while the count stands: the time is worked out again at each
        -- report, to within the report's own latency, and must not wander.
        applied_at = CASE WHEN excluded.applied <> p.applied OR p.applied_at IS NULL
-                         THEN excluded.applied_at ELSE p.applied_at END`
+                         THEN excluded.applied_at ELSE p.applied_at END,
+       failed = excluded.failed,
+       failed_at = CASE WHEN excluded.failed <> p.failed OR p.failed_at IS NULL
+                        THEN excluded.failed_at ELSE p.failed_at END`
 
 // presence is one consumer process's row.
 type presence struct {
@@ -76,17 +80,46 @@ type presence struct {
 	owned    []int32 // nil: every shard
 	interval time.Duration
 	now      chan struct{}
-	// applied is what the process has applied since it started, and when
-	// it last did (nil: not yet), for its report.
-	applied     *atomic.Int64
-	lastApplied *atomic.Pointer[time.Time]
+	// applied is how many events the process has applied since it
+	// started, act when it last did and how it failed, for its report.
+	applied *atomic.Int64
+	act     *activity
 
 	mu   sync.Mutex
 	held []int32
 }
 
+// activity is when a consumer process last applied an event, and how
+// often and when last a message or batch failed, for its report.
+type activity struct {
+	lastApplied atomic.Pointer[time.Time]
+	failed      atomic.Int64
+	lastFailed  atomic.Pointer[time.Time]
+}
+
+func (a *activity) didApply() {
+	now := time.Now()
+	a.lastApplied.Store(&now)
+}
+
+func (a *activity) didFail() {
+	now := time.Now()
+	a.lastFailed.Store(&now)
+	a.failed.Add(1)
+}
+
+// since is how long ago *at was in microseconds, by this process's
+// monotonic clock (nil: never).
+func since(at *time.Time) *int64 {
+	if at == nil {
+		return nil
+	}
+	us := time.Since(*at).Microseconds()
+	return &us
+}
+
 func newPresence(in *Inbox, consumer string, shards int, owned []int, interval time.Duration,
-	applied *atomic.Int64, lastApplied *atomic.Pointer[time.Time]) *presence {
+	applied *atomic.Int64, act *activity) *presence {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "unknown"
@@ -95,7 +128,7 @@ func newPresence(in *Inbox, consumer string, shards int, owned []int, interval t
 		interval = DefaultReportInterval
 	}
 	p := &presence{pool: in.pool, log: in.log, id: uuid.New(), consumer: consumer, host: host, pid: os.Getpid(),
-		shards: shards, interval: interval, now: make(chan struct{}, 1), held: []int32{}, applied: applied, lastApplied: lastApplied}
+		shards: shards, interval: interval, now: make(chan struct{}, 1), held: []int32{}, applied: applied, act: act}
 	if owned != nil {
 		p.owned = toInt32s(owned)
 		slices.Sort(p.owned)
@@ -132,16 +165,11 @@ func (p *presence) report(ctx context.Context) error {
 	p.mu.Lock()
 	held := p.held
 	p.mu.Unlock()
-	// The last apply goes as how long ago it was, by this process's
-	// monotonic clock (NULL: none yet).
-	var sinceLast *int64
-	if at := p.lastApplied.Load(); at != nil {
-		us := time.Since(*at).Microseconds()
-		sinceLast = &us
-	}
+	// The last apply and failure go as how long ago they were, by this
+	// process's monotonic clock (NULL: none yet).
 	_, err := p.pool.Exec(ctx, presenceSQL, p.id, p.consumer, p.host, p.pid,
 		(ProcessSilentAfter * p.interval).Microseconds(), processForgetAfter.Microseconds(), p.shards, p.owned, held,
-		p.applied.Load(), sinceLast)
+		p.applied.Load(), since(p.act.lastApplied.Load()), p.act.failed.Load(), since(p.act.lastFailed.Load()))
 	if err != nil {
 		return fmt.Errorf("inbox: consumer report: %w", err)
 	}
@@ -208,6 +236,18 @@ type ProcessRow struct {
 	// report.
 	Applied   int64      `json:"applied"`
 	AppliedAt *time.Time `json:"applied_at"`
+	// Failed is how many times a message or batch failed since it started
+	// (its effect, its read; read again after a pause), FailedAt the last
+	// time (nil: never), as of its last report. No error text: the
+	// process's log has it.
+	Failed   int64      `json:"failed"`
+	FailedAt *time.Time `json:"failed_at"`
+}
+
+// Failing is whether the process's last failure is newer than its last
+// apply: it is retrying something that does not go through.
+func (r ProcessRow) Failing() bool {
+	return r.FailedAt != nil && (r.AppliedAt == nil || r.FailedAt.After(*r.AppliedAt))
 }
 
 // processListLimit bounds the read: one row per process and per process
@@ -226,7 +266,8 @@ type ProcessesRead struct {
 func (r *ProcessesRead) Expr(*db.Args) string {
 	return `SELECT coalesce(json_agg(json_build_object('consumer', consumer, 'host', host, 'pid', pid,
 	                 'started_at', started_at, 'seen_at', seen_at, 'silent', silent, 'shards', shards,
-	                 'owned', owned, 'held', held, 'applied', applied, 'applied_at', applied_at)
+	                 'owned', owned, 'held', held, 'applied', applied, 'applied_at', applied_at,
+	                 'failed', failed, 'failed_at', failed_at)
 	                 ORDER BY consumer, silent, host, pid), '[]')
 	  FROM (SELECT *, expires_at <= now() AS silent FROM inbox_consumer_process
 	         WHERE expires_at >= now() - ` + forgetInterval + `

@@ -3,14 +3,18 @@ package inbox_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/internal/broker"
@@ -19,6 +23,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/inbox"
+	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
@@ -271,5 +276,117 @@ func TestCoverSumsRunningProcessesOnly(t *testing.T) {
 	}
 	if m := got[2].Misread([]int{4, 8}); m != nil {
 		t.Fatalf("relays disagreeing on 4 and 8 publish on both: misread %v", m)
+	}
+}
+
+// A consumer whose effect keeps failing reports it: its failures count up
+// and it is failing (its last failure newer than its last apply) until the
+// effect goes through, then it is not.
+func TestAConsumerWhoseEffectFailsReportsItFailing(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: "failing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var refusing atomic.Bool
+	refusing.Store(true)
+	record := inbox.RecordEffect("billing")
+	c := &inbox.Consumer{Inbox: inbox.New(pool), Name: "billing", ReportInterval: 20 * time.Millisecond,
+		Effect: func(ctx context.Context, tx pgx.Tx, m broker.Message) error {
+			if refusing.Load() {
+				return errors.New("the ledger refuses it")
+			}
+			return record(ctx, tx, m)
+		}}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(rctx, b) }()
+	testkit.Eventually(t, "the consumer reporting", func() (bool, error) {
+		rows := listProcesses(t, pool)
+		return len(rows) == 1, fmt.Errorf("rows %+v", rows)
+	})
+	if err := b.Publish(ctx, broker.Message{ID: "m1", Topic: "billing.charged", EventType: "billing.charged.v1", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the failures in its report", func() (bool, error) {
+		rows := listProcesses(t, pool)
+		return len(rows) == 1 && rows[0].Failed >= 2 && rows[0].Failing() && rows[0].Applied == 0, fmt.Errorf("rows %+v", rows)
+	})
+	refusing.Store(false)
+	testkit.Eventually(t, "applied, and failing no more", func() (bool, error) {
+		rows := listProcesses(t, pool)
+		return len(rows) == 1 && rows[0].Applied == 1 && !rows[0].Failing() && rows[0].Failed >= 2, fmt.Errorf("rows %+v", rows)
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The same for a sharded consumer: a batch that fails is read again, and
+// each failure counts in the process's report until a batch applies.
+func TestAShardedConsumerWhoseBatchFailsReportsItFailing(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool, err := db.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	preloadOutbox(t, pool, 20, 5)
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: "shardfail"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, err := outbox.NewRelay(pool, b, outbox.RelayConfig{Name: "relay", Shards: 2, PollInterval: 20 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	wg.Go(func() { _ = r.Run(rctx) })
+	var refusing atomic.Bool
+	refusing.Store(true)
+	record := inbox.RecordBatchEffect("sharded")
+	c := &inbox.ShardedConsumer{Inbox: inbox.New(pool), Name: "sharded", Shards: 2, RetryInterval: 20 * time.Millisecond,
+		ReportInterval: 20 * time.Millisecond, Effect: func(ctx context.Context, tx pgx.Tx, msgs []broker.Message) error {
+			if refusing.Load() {
+				return errors.New("the ledger refuses it")
+			}
+			return record(ctx, tx, msgs)
+		}}
+	done := make(chan error, 1)
+	wg.Go(func() { done <- c.Run(rctx, b) })
+	testkit.Eventually(t, "the failures in its report", func() (bool, error) {
+		rows := listProcesses(t, pool)
+		return len(rows) == 1 && rows[0].Failed >= 2 && rows[0].Failing() && rows[0].Applied == 0, fmt.Errorf("rows %+v", rows)
+	})
+	refusing.Store(false)
+	testkit.Eventually(t, "all applied, and failing no more", func() (bool, error) {
+		rows := listProcesses(t, pool)
+		return len(rows) == 1 && rows[0].Applied == 20 && !rows[0].Failing(), fmt.Errorf("rows %+v", rows)
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -54,7 +54,7 @@ type ShardedConsumer struct {
 	ReportInterval time.Duration
 
 	applied, duplicates, stale, batches atomic.Int64
-	lastApplied                         atomic.Pointer[time.Time]
+	act                                 activity
 	running                             atomic.Int64
 }
 
@@ -123,7 +123,7 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 			return fmt.Errorf("inbox: declare shard queues: %w", err)
 		}
 	}
-	report := newPresence(c.Inbox, c.Name, c.Shards, c.Owned, c.ReportInterval, &c.applied, &c.lastApplied)
+	report := newPresence(c.Inbox, c.Name, c.Shards, c.Owned, c.ReportInterval, &c.applied, &c.act)
 	defer report.start(ctx)()
 	var (
 		lockConn *pgxpool.Conn
@@ -346,8 +346,7 @@ func (c *ShardedConsumer) runShard(ctx context.Context, sub broker.ShardSubscrib
 				}
 				c.batches.Add(1)
 				if n.Applied > 0 {
-					now := time.Now()
-					c.lastApplied.Store(&now)
+					c.act.didApply()
 				}
 				c.applied.Add(int64(n.Applied))
 				c.duplicates.Add(int64(n.Duplicates))
@@ -366,6 +365,7 @@ func (c *ShardedConsumer) runShard(ctx context.Context, sub broker.ShardSubscrib
 		if err == nil {
 			err = errors.New("subscription ended")
 		}
+		c.act.didFail()
 		// Head-of-line: the batch is read again from the committed
 		// position, in order, after a growing pause.
 		log.Warn("inbox: shard batch failed; reading it again", "retry_in", wait, "err", err)

@@ -129,6 +129,9 @@ type Relay struct {
 	// lastPublish is when a batch was last marked published (nil: none
 	// yet), for the relay's report; a time.Time keeps the monotonic clock.
 	lastPublish atomic.Pointer[time.Time]
+	// lastFailure is the last failed publish (nil: none yet), for the
+	// relay's report.
+	lastFailure atomic.Pointer[relayFailure]
 
 	cursor claimCursor
 }
@@ -1140,6 +1143,7 @@ func (r *Relay) recordFailure(ctx context.Context, f failure, token uuid.UUID) (
 	r.m.failures.Inc()
 	r.stats.failed.Add(1)
 	msg := errorText(f.err)
+	r.lastFailure.Store(&relayFailure{text: msg, at: time.Now()})
 	delay = r.cfg.Backoff.Delay(f.ev.Attempts)
 	var status string
 	// A death moves the event from the pending count to the dead count: the
@@ -1192,6 +1196,7 @@ func (r *Relay) giveBack(ctx context.Context, fs []failure, token uuid.UUID) err
 	r.m.failures.Add(float64(len(fs)))
 	r.stats.failed.Add(int64(len(fs)))
 	msg := errorText(fs[0].err)
+	r.lastFailure.Store(&relayFailure{text: msg, at: time.Now()})
 	if err := r.release(ctx, evs, token, 0, msg); err != nil {
 		return fmt.Errorf("outbox: give back after a broker outage: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -52,9 +53,9 @@ gone AS (
 		 WHERE expires_at < now.t - $7::bigint * interval '1 microsecond' AND id <> $1
 		   FOR UPDATE SKIP LOCKED))
 INSERT INTO outbox_relay AS r (id, name, host, pid, started_at, seen_at, expires_at, unavailable_since, shards, ordered,
-                               published, published_at)
+                               published, published_at, failed, last_error, last_error_at)
 SELECT $1, $3, $4, $5, now.t, now.t, now.t + $6::bigint * interval '1 microsecond', CASE WHEN $8 THEN now.t END, $9, $10,
-       $11, now.t - $12::bigint * interval '1 microsecond'
+       $11, now.t - $12::bigint * interval '1 microsecond', $13, $14, now.t - $15::bigint * interval '1 microsecond'
   FROM now
 ON CONFLICT (id) DO UPDATE
    SET seen_at = excluded.seen_at, expires_at = excluded.expires_at,
@@ -63,7 +64,10 @@ ON CONFLICT (id) DO UPDATE
        -- Kept while the count stands: the time is worked out again at each
        -- report, to within the report's own latency, and must not wander.
        published_at = CASE WHEN excluded.published <> r.published OR r.published_at IS NULL
-                           THEN excluded.published_at ELSE r.published_at END`
+                           THEN excluded.published_at ELSE r.published_at END,
+       failed = excluded.failed, last_error = excluded.last_error,
+       last_error_at = CASE WHEN excluded.failed <> r.failed OR r.last_error_at IS NULL
+                            THEN excluded.last_error_at ELSE r.last_error_at END`
 
 // relayIdentity is what a relay's row says of it besides its state.
 type relayIdentity struct {
@@ -80,17 +84,39 @@ func newRelayIdentity() relayIdentity {
 	return relayIdentity{id: uuid.New(), host: host, pid: os.Getpid()}
 }
 
-// report writes the relay's row once. Its last publish goes as how long
-// ago it was, by this process's monotonic clock (NULL: none yet).
+// relayFailure is a relay's last failed publish, for its report.
+type relayFailure struct {
+	text string
+	at   time.Time
+}
+
+// reportErrorText bounds the error a report carries: the page shows it in
+// a table cell, the whole text is in the event's last_error and the log.
+const reportErrorText = 300
+
+// report writes the relay's row once. Its last publish and last failure go
+// as how long ago they were, by this process's monotonic clock (NULL: none
+// yet).
 func (r *Relay) report(ctx context.Context) error {
-	var sinceLast *int64
+	var sincePublish, sinceFailure *int64
 	if at := r.lastPublish.Load(); at != nil {
 		us := time.Since(*at).Microseconds()
-		sinceLast = &us
+		sincePublish = &us
+	}
+	var lastError *string
+	if f := r.lastFailure.Load(); f != nil {
+		us := time.Since(f.at).Microseconds()
+		sinceFailure = &us
+		text := f.text
+		if len(text) > reportErrorText {
+			text = strings.ToValidUTF8(text[:reportErrorText], "") + "…"
+		}
+		lastError = &text
 	}
 	_, err := r.pool.Exec(ctx, reportSQL, r.ident.id, r.nowArg(), r.cfg.Name, r.ident.host, r.ident.pid,
 		(RelaySilentAfter * r.cfg.ReportInterval).Microseconds(), relayForgetAfter.Microseconds(), r.paused.Load(),
-		r.cfg.Shards, !r.cfg.DisableOrdering, r.stats.published.Load(), sinceLast)
+		r.cfg.Shards, !r.cfg.DisableOrdering, r.stats.published.Load(), sincePublish,
+		r.stats.failed.Load(), lastError, sinceFailure)
 	if err != nil {
 		return fmt.Errorf("outbox: relay report: %w", err)
 	}
@@ -222,6 +248,12 @@ type RelayRow struct {
 	// its last report.
 	Published   int64
 	PublishedAt *time.Time
+	// Failed is how many publish attempts failed since it started (broker
+	// outages included), LastError the last one's error and LastErrorAt
+	// when (nil: none yet), as of its last report.
+	Failed      int64
+	LastError   string
+	LastErrorAt *time.Time
 }
 
 // The states of a relay's report (Relays counts them).
@@ -243,7 +275,7 @@ func ListRelays(ctx context.Context, q db.Querier) ([]RelayRow, time.Time, error
 		SELECT name, host, pid, started_at, seen_at,
 		       CASE WHEN expires_at <= now() THEN seen_at ELSE unavailable_since END,
 		       CASE WHEN expires_at <= now() THEN 'silent' WHEN unavailable_since IS NOT NULL THEN 'paused' ELSE 'running' END,
-		       shards, ordered, published, published_at, now()
+		       shards, ordered, published, published_at, failed, coalesce(last_error, ''), last_error_at, now()
 		  FROM outbox_relay
 		 WHERE expires_at >= now() - `+forgetInterval+`
 		 ORDER BY CASE WHEN expires_at <= now() THEN 1 WHEN unavailable_since IS NOT NULL THEN 0 ELSE 2 END, name, host, pid
@@ -258,7 +290,8 @@ func ListRelays(ctx context.Context, q db.Querier) ([]RelayRow, time.Time, error
 	)
 	for rows.Next() {
 		var r RelayRow
-		if err := rows.Scan(&r.Name, &r.Host, &r.PID, &r.StartedAt, &r.SeenAt, &r.Since, &r.State, &r.Shards, &r.Ordered, &r.Published, &r.PublishedAt, &at); err != nil {
+		if err := rows.Scan(&r.Name, &r.Host, &r.PID, &r.StartedAt, &r.SeenAt, &r.Since, &r.State, &r.Shards, &r.Ordered, &r.Published, &r.PublishedAt,
+			&r.Failed, &r.LastError, &r.LastErrorAt, &at); err != nil {
 			return nil, time.Time{}, fmt.Errorf("outbox: list relays: %w", err)
 		}
 		out = append(out, r)

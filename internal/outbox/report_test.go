@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -78,6 +79,12 @@ func TestRelayReportsRunningPausedAndStopped(t *testing.T) {
 	if paused.Running != 0 || paused.Silent != 0 || paused.PausedSince.IsZero() {
 		t.Fatalf("paused relay read as %+v", paused)
 	}
+	// Its report says what failed, in the broker's words.
+	testkit.Until(t, "the outage in the relay's report", func() bool {
+		rows := listRelays(t, pool)
+		return len(rows) == 1 && rows[0].Failed > 0 && rows[0].LastErrorAt != nil &&
+			strings.Contains(rows[0].LastError, "connection refused")
+	})
 	// Reports go on while the pause lasts; its start stays put.
 	var seen time.Time
 	if err := pool.QueryRow(ctx, `SELECT seen_at FROM outbox_relay`).Scan(&seen); err != nil {
