@@ -23,9 +23,27 @@ import (
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/inbox"
-	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/testkit"
 )
+
+// embeddedNATS starts an embedded JetStream server for t and opens a broker
+// on it in namespace ns; both stop when t ends.
+func embeddedNATS(t *testing.T, ns string) (*natsembedded.Server, *natsbroker.JetStream) {
+	t.Helper()
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return srv, b
+}
 
 func listProcesses(t *testing.T, pool *pgxpool.Pool) []inbox.ProcessRow {
 	t.Helper()
@@ -56,16 +74,7 @@ func TestConsumerProcessesReportWhatTheyRead(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv, err := natsembedded.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: "presence"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	_, b := embeddedNATS(t, "presence")
 
 	type proc struct {
 		cancel context.CancelFunc
@@ -160,16 +169,7 @@ func TestAConsumerThatDiesIsSilentThenForgotten(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	srv, err := natsembedded.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: "silent"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	srv, b := embeddedNATS(t, "silent")
 
 	// The victim is a child process (sharded_test.go's helper: consumer
 	// "sharded" on 16 shards), killed with SIGKILL: nothing of it signs off.
@@ -287,16 +287,7 @@ func TestAConsumerWhoseEffectFailsReportsItFailing(t *testing.T) {
 	pool := dbtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv, err := natsembedded.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: "failing"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	_, b := embeddedNATS(t, "failing")
 	var refusing atomic.Bool
 	refusing.Store(true)
 	record := inbox.RecordEffect("billing")
@@ -345,25 +336,12 @@ func TestAShardedConsumerWhoseBatchFailsReportsItFailing(t *testing.T) {
 	}
 	defer pool.Close()
 	preloadOutbox(t, pool, 20, 5)
-	srv, err := natsembedded.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: "shardfail"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	r, err := outbox.NewRelay(pool, b, outbox.RelayConfig{Name: "relay", Shards: 2, PollInterval: 20 * time.Millisecond}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, b := embeddedNATS(t, "shardfail")
 	rctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stop()
-	wg.Go(func() { _ = r.Run(rctx) })
+	startShardRelays(rctx, t, &wg, pool, srv.ClientURL(), broker.Options{Namespace: "shardfail"}, 1, 2)
 	var refusing atomic.Bool
 	refusing.Store(true)
 	record := inbox.RecordBatchEffect("sharded")

@@ -236,18 +236,7 @@ func TestShardedConsumerKeepsOrderThroughKills(t *testing.T) {
 	opts := broker.Options{Namespace: ns}
 
 	var wg sync.WaitGroup
-	for i := range 2 {
-		b, err := natsbroker.Open(ctx, srv.ClientURL(), opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer b.Close()
-		r, err := outbox.NewRelay(pool, b, outbox.RelayConfig{Name: fmt.Sprintf("relay-%d", i), BatchSize: 500, Shards: shards, PollInterval: 20 * time.Millisecond}, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Go(func() { _ = r.Run(ctx) })
-	}
+	startShardRelays(ctx, t, &wg, pool, srv.ClientURL(), opts, 2, shards)
 
 	// An in-process consumer "process": its own broker connection and pool.
 	type proc struct {
@@ -347,6 +336,24 @@ func TestShardedConsumerKeepsOrderThroughKills(t *testing.T) {
 	wg.Wait()
 
 	checkConsumed(t, pool, total)
+}
+
+// startShardRelays runs n relays (batch 500) publishing pool's outbox on
+// shards to the JetStream at natsURL until ctx ends; wg waits for them.
+func startShardRelays(ctx context.Context, t *testing.T, wg *sync.WaitGroup, pool *pgxpool.Pool, natsURL string, opts broker.Options, n, shards int) {
+	t.Helper()
+	for i := range n {
+		b, err := natsbroker.Open(ctx, natsURL, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		r, err := outbox.NewRelay(pool, b, outbox.RelayConfig{Name: fmt.Sprintf("relay-%d", i), BatchSize: 500, Shards: shards, PollInterval: 20 * time.Millisecond}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
 }
 
 // checkConsumed: every event applied exactly once, each aggregate's
@@ -517,18 +524,7 @@ func TestShardsAreSharedAsProcessesComeAndGo(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	for i := range 2 {
-		b, err := natsbroker.Open(ctx, srv.ClientURL(), opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer b.Close()
-		r, err := outbox.NewRelay(pool, b, outbox.RelayConfig{Name: fmt.Sprintf("relay-%d", i), BatchSize: 500, Shards: shards, PollInterval: 20 * time.Millisecond}, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Go(func() { _ = r.Run(ctx) })
-	}
+	startShardRelays(ctx, t, &wg, pool, srv.ClientURL(), opts, 2, shards)
 	// Small, slow batches, so the events outlast the hand-overs.
 	record := inbox.RecordBatchEffect("sharded")
 	slow := func(ctx context.Context, tx pgx.Tx, msgs []broker.Message) error {
