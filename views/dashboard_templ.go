@@ -477,7 +477,7 @@ func consumersHint(d DashboardData) string {
 	}
 	switch {
 	case running == 0 && silent == 0:
-		hint = "no consumer process reports (consumers that do not use the inbox are not counted)"
+		hint = "no consumer process reports (console consume and inbox.Consumer processes do; code that calls the inbox itself does not)"
 	default:
 		hint = "consumer processes reporting; nothing left unread"
 	}

@@ -465,7 +465,7 @@ func Inbox(p Page, d InboxData) templ.Component {
 				}
 			}
 			if len(d.Processes) == 0 {
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 28, "<p data-testid=\"processes-empty\">No consumer process reports: nothing applies events through the inbox now. Start one with <code>console consume</code>.</p>")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 28, "<p data-testid=\"processes-empty\">No consumer process reports: no <code>console consume</code> (nor any other <code>inbox.Consumer</code> or <code>inbox.ShardedConsumer</code>) runs now; code that calls the inbox itself does not report. Start one with <code>console consume</code>.</p>")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
