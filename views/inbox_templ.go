@@ -152,7 +152,7 @@ func processState(at time.Time, r inbox.ProcessRow) string {
 	switch {
 	case r.Silent:
 		state = "silent for " + Age(max(at.Sub(r.SeenAt), 0)) + ": stopped reporting without signing off"
-	case r.Failing():
+	case r.Failing:
 		state = "running, failing: what it reads does not apply; its log says why"
 	default:
 		state = "running"
@@ -483,7 +483,7 @@ func Inbox(p Page, d InboxData) templ.Component {
 						if templ_7745c5c3_Err != nil {
 							return templ_7745c5c3_Err
 						}
-						var templ_7745c5c3_Var17 = []any{templ.KV("warn", r.Silent || r.Failing())}
+						var templ_7745c5c3_Var17 = []any{templ.KV("warn", r.Silent || r.Failing)}
 						templ_7745c5c3_Err = templ.RenderCSSItems(ctx, templ_7745c5c3_ElementWriter, templ_7745c5c3_Var17...)
 						if templ_7745c5c3_Err != nil {
 							return templ_7745c5c3_Err

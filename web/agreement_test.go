@@ -225,7 +225,8 @@ func TestDashboardAndMetricsShowTheRelaysReports(t *testing.T) {
 		t.Fatalf("relays page with no relay says %q", empty)
 	}
 	relaysTile("0", "no relay reports: nothing publishes the pending events",
-		`sluice_outbox_relays{state="running"} 0`, `sluice_outbox_relays{state="paused"} 0`, `sluice_outbox_relays{state="silent"} 0`)
+		`sluice_outbox_relays{state="running"} 0`, `sluice_outbox_relays{state="paused"} 0`, `sluice_outbox_relays{state="silent"} 0`,
+		`sluice_outbox_relays_failing 0`)
 
 	// A relay whose broker refuses every publish pauses.
 	relayPool, err := db.OpenConfig(ctx, h.pool.Config())
@@ -271,7 +272,7 @@ func TestRelaysThatPublishDifferentlyAreFlagged(t *testing.T) {
 	h := start(t, options{tick: 50 * time.Millisecond})
 	if _, err := h.pool.Exec(context.Background(), `
 		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, shards, ordered, published, published_at, failed, last_error, last_error_at)
-		VALUES (gen_random_uuid(), 'sharded', 'h1', 1, now(), now(), now() + interval '1 hour', 16, true, 1234, now() - interval '2 minutes', 3, 'nats: <no responders>', now() - interval '1 minute'),
+		VALUES (gen_random_uuid(), 'sharded', 'h1', 1, now() - interval '1 hour', now(), now() + interval '3 minutes', 16, true, 1234, now() - interval '5 minutes', 3, 'nats: <no responders>', now() - interval '1 minute'),
 		       (gen_random_uuid(), 'unsharded', 'h2', 2, now(), now(), now() + interval '1 hour', 0, true, 0, NULL, 0, NULL, NULL),
 		       (gen_random_uuid(), 'gone', 'h3', 3, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, false, 7, now() - interval '10 minutes', 0, NULL, NULL)`); err != nil {
 		t.Fatal(err)
@@ -283,12 +284,14 @@ func TestRelaysThatPublishDifferentlyAreFlagged(t *testing.T) {
 		tile := doc(t, body).Find(`[data-testid="relays"]`)
 		hint := strings.TrimSpace(tile.Parent().Find(".hint").Text())
 		return strings.TrimSpace(tile.Text()) == "2" && tile.Parent().HasClass("warn") &&
-				strings.Contains(hint, "relays publish differently (OUTBOX_SHARDS 0 and 16)") && !strings.Contains(hint, "RELAY_ORDERING"),
+				strings.Contains(hint, "relays publish differently (OUTBOX_SHARDS 0 and 16)") && !strings.Contains(hint, "RELAY_ORDERING") &&
+				strings.Contains(hint, "; 1 failing: their last attempts failed after their last publish"),
 			fmt.Errorf("relays tile %q (%q)", strings.TrimSpace(tile.Text()), hint)
 	})
 	testkit.Eventually(t, "/metrics to flag it", func() (bool, error) {
 		_, body := b.get(t, h.base+"/metrics", "")
-		return strings.Contains(body, "\nsluice_outbox_relays_disagree 1\n"), fmt.Errorf("metrics:\n%s", grepLines(body, "sluice_outbox_relays"))
+		return strings.Contains(body, "\nsluice_outbox_relays_disagree 1\n") && strings.Contains(body, "\nsluice_outbox_relays_failing 1\n"),
+			fmt.Errorf("metrics:\n%s", grepLines(body, "sluice_outbox_relays"))
 	})
 	_, body := b.get(t, h.base+"/relays", "text/html")
 	d := doc(t, body)
@@ -302,7 +305,7 @@ func TestRelaysThatPublishDifferentlyAreFlagged(t *testing.T) {
 			" " + strings.TrimSpace(s.Find(`[data-testid="relay-published"]`).Text()) +
 			" " + regexp.MustCompile(`\d\ds`).ReplaceAllString(strings.TrimSpace(s.Find(`[data-testid="relay-last-publish"]`).Text()), "Ns")
 	})
-	if fmt.Sprint(got) != "map[gone:16 off 7 10mNs ago sharded:16 on 1,234 2mNs ago unsharded:unsharded on 0 none yet]" {
+	if fmt.Sprint(got) != "map[gone:16 off 7 10mNs ago sharded:16 on 1,234 5mNs ago unsharded:unsharded on 0 none yet]" {
 		t.Fatalf("relays page rows %v", got)
 	}
 	// The sharded relay failed after its last publish: flagged, in the

@@ -149,7 +149,7 @@ func TestInboxPageShowsConsumerProcessesAndWhatTheyMiss(t *testing.T) {
 		INSERT INTO inbox_consumer_process (id, consumer, host, pid, started_at, seen_at, expires_at, shards, owned, held, applied, applied_at, failed, failed_at)
 		VALUES (gen_random_uuid(), 'orders', 'c1', 11, now(), now(), now() + interval '1 hour', 16, '{0,1,2,3,4,5,6,7}', '{0,1,2,3,4,5,6}', 98765, now() - interval '4 minutes', 14, now() - interval '5 minutes'),
 		       (gen_random_uuid(), 'orders', 'c2', 12, now(), now() - interval '10 minutes', now() - interval '9 minutes', 16, '{8,9,10,11,12,13,14,15}', '{8,9,10,11,12,13,14,15}', 5, now() - interval '11 minutes', 0, NULL),
-		       (gen_random_uuid(), 'audit', 'c3', 13, now(), now(), now() + interval '1 hour', 8, NULL, '{0,1,2,3,4,5,6,7}', 0, NULL, 2, now() - interval '30 seconds'),
+		       (gen_random_uuid(), 'audit', 'c3', 13, now() - interval '1 hour', now(), now() + interval '3 minutes', 8, NULL, '{0,1,2,3,4,5,6,7}', 0, NULL, 2, now() - interval '30 seconds'),
 		       (gen_random_uuid(), 'ledger', 'c4', 14, now(), now() - interval '3 minutes', now() - interval '2 minutes', 0, NULL, '{}', 0, NULL, 0, NULL)`); err != nil {
 		t.Fatal(err)
 	}

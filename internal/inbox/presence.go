@@ -242,13 +242,19 @@ type ProcessRow struct {
 	// process's log has it.
 	Failed   int64      `json:"failed"`
 	FailedAt *time.Time `json:"failed_at"`
+	// Failing: running, its last failure newer than its last apply, and
+	// nothing applied for two report intervals (processFailingSQL).
+	Failing bool `json:"failing"`
 }
 
-// Failing is whether the process's last failure is newer than its last
-// apply: it is retrying something that does not go through.
-func (r ProcessRow) Failing() bool {
-	return r.FailedAt != nil && (r.AppliedAt == nil || r.FailedAt.After(*r.AppliedAt))
-}
+// processFailingSQL is when a consumer process is failing, on the
+// database's clock: it runs, its last failure is newer than its last apply,
+// and it has applied nothing for two of its report intervals (a third of
+// expires_at − seen_at each): it retries something that does not go
+// through. The margin keeps a process that applies all the time from
+// reading as failing between a failed batch and the next.
+const processFailingSQL = `(expires_at > now() AND failed_at > coalesce(applied_at, '-infinity')
+	AND coalesce(applied_at, started_at) < now() - (expires_at - seen_at) * 2 / 3)`
 
 // processListLimit bounds the read: one row per process and per process
 // killed in the last hour.
@@ -267,9 +273,9 @@ func (r *ProcessesRead) Expr(*db.Args) string {
 	return `SELECT coalesce(json_agg(json_build_object('consumer', consumer, 'host', host, 'pid', pid,
 	                 'started_at', started_at, 'seen_at', seen_at, 'silent', silent, 'shards', shards,
 	                 'owned', owned, 'held', held, 'applied', applied, 'applied_at', applied_at,
-	                 'failed', failed, 'failed_at', failed_at)
+	                 'failed', failed, 'failed_at', failed_at, 'failing', coalesce(failing, false))
 	                 ORDER BY consumer, silent, host, pid), '[]')
-	  FROM (SELECT *, expires_at <= now() AS silent FROM inbox_consumer_process
+	  FROM (SELECT *, expires_at <= now() AS silent, ` + processFailingSQL + ` AS failing FROM inbox_consumer_process
 	         WHERE expires_at >= now() - ` + forgetInterval + `
 	         ORDER BY consumer, expires_at <= now(), host, pid
 	         LIMIT ` + db.Int(processListLimit) + `) p`

@@ -310,12 +310,12 @@ func TestAConsumerWhoseEffectFailsReportsItFailing(t *testing.T) {
 	}
 	testkit.Eventually(t, "the failures in its report", func() (bool, error) {
 		rows := listProcesses(t, pool)
-		return len(rows) == 1 && rows[0].Failed >= 2 && rows[0].Failing() && rows[0].Applied == 0, fmt.Errorf("rows %+v", rows)
+		return len(rows) == 1 && rows[0].Failed >= 2 && rows[0].Failing && rows[0].Applied == 0, fmt.Errorf("rows %+v", rows)
 	})
 	refusing.Store(false)
 	testkit.Eventually(t, "applied, and failing no more", func() (bool, error) {
 		rows := listProcesses(t, pool)
-		return len(rows) == 1 && rows[0].Applied == 1 && !rows[0].Failing() && rows[0].Failed >= 2, fmt.Errorf("rows %+v", rows)
+		return len(rows) == 1 && rows[0].Applied == 1 && !rows[0].Failing && rows[0].Failed >= 2, fmt.Errorf("rows %+v", rows)
 	})
 	stop()
 	if err := <-done; err != nil {
@@ -356,15 +356,40 @@ func TestAShardedConsumerWhoseBatchFailsReportsItFailing(t *testing.T) {
 	wg.Go(func() { done <- c.Run(rctx, b) })
 	testkit.Eventually(t, "the failures in its report", func() (bool, error) {
 		rows := listProcesses(t, pool)
-		return len(rows) == 1 && rows[0].Failed >= 2 && rows[0].Failing() && rows[0].Applied == 0, fmt.Errorf("rows %+v", rows)
+		return len(rows) == 1 && rows[0].Failed >= 2 && rows[0].Failing && rows[0].Applied == 0, fmt.Errorf("rows %+v", rows)
 	})
 	refusing.Store(false)
 	testkit.Eventually(t, "all applied, and failing no more", func() (bool, error) {
 		rows := listProcesses(t, pool)
-		return len(rows) == 1 && rows[0].Applied == 20 && !rows[0].Failing(), fmt.Errorf("rows %+v", rows)
+		return len(rows) == 1 && rows[0].Applied == 20 && !rows[0].Failing, fmt.Errorf("rows %+v", rows)
 	})
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Failing needs a failure newer than the last apply and nothing applied for
+// two report intervals: a process that applies all the time is not failing
+// between a failed batch and the next one.
+func TestFailingWaitsTwoReportIntervalsWithoutAnApply(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO inbox_consumer_process (id, consumer, host, pid, started_at, seen_at, expires_at, shards, applied, applied_at, failed, failed_at)
+		VALUES (gen_random_uuid(), 'busy', 'h', 1, now() - interval '1 hour', now(), now() + interval '15 seconds', 0, 100, now() - interval '2 seconds', 1, now() - interval '1 second'),
+		       (gen_random_uuid(), 'stuck', 'h', 2, now() - interval '1 hour', now(), now() + interval '15 seconds', 0, 100, now() - interval '20 seconds', 9, now() - interval '1 second'),
+		       (gen_random_uuid(), 'fresh', 'h', 3, now() - interval '3 seconds', now(), now() + interval '15 seconds', 0, 0, NULL, 2, now() - interval '1 second'),
+		       (gen_random_uuid(), 'never', 'h', 4, now() - interval '1 minute', now(), now() + interval '15 seconds', 0, 0, NULL, 2, now() - interval '1 second'),
+		       (gen_random_uuid(), 'recovered', 'h', 5, now() - interval '1 hour', now(), now() + interval '15 seconds', 0, 100, now() - interval '1 second', 9, now() - interval '20 seconds')`); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, r := range listProcesses(t, pool) {
+		got[r.Consumer] = r.Failing
+	}
+	want := map[string]bool{"busy": false, "stuck": true, "fresh": false, "never": true, "recovered": false}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("failing: got %v, want %v", got, want)
 	}
 }

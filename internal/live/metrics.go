@@ -22,7 +22,7 @@ type collector struct {
 
 	backlog, oldest, dead, held, unknown, reconcile, stuck, discrepancies, clients *prometheus.Desc
 	jobs, paused, heldPartial, relays, relaysDisagree                              *prometheus.Desc
-	consumerProcesses, consumerProblems                                            *prometheus.Desc
+	consumerProcesses, consumerProblems, relaysFailing                             *prometheus.Desc
 }
 
 // Register adds the feed's gauges to reg.
@@ -51,6 +51,8 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 			[]string{"state"}, nil),
 		relaysDisagree: prometheus.NewDesc("sluice_outbox_relays_disagree",
 			"1 when running relays publish differently (OUTBOX_SHARDS or RELAY_ORDERING): consumers miss or reorder events.", nil, nil),
+		relaysFailing: prometheus.NewDesc("sluice_outbox_relays_failing",
+			"Running relays whose last failed publish is newer than their last publish (not an outage: they would be paused).", nil, nil),
 		consumerProcesses: prometheus.NewDesc("sluice_inbox_consumer_processes",
 			"Consumer processes by what their reports in inbox_consumer_process say: running; silent (stopped reporting without signing off, in the last hour).",
 			[]string{"state"}, nil),
@@ -63,7 +65,7 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs, c.paused, c.heldPartial, c.relays, c.relaysDisagree, c.consumerProcesses, c.consumerProblems} {
+	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs, c.paused, c.heldPartial, c.relays, c.relaysDisagree, c.relaysFailing, c.consumerProcesses, c.consumerProblems} {
 		ch <- d
 	}
 }
@@ -115,6 +117,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.relays, prometheus.GaugeValue, float64(s.Relays.Paused), "paused")
 	ch <- prometheus.MustNewConstMetric(c.relays, prometheus.GaugeValue, float64(s.Relays.Silent), "silent")
 	ch <- prometheus.MustNewConstMetric(c.relaysDisagree, prometheus.GaugeValue, b2f(s.Relays.Disagree()))
+	ch <- prometheus.MustNewConstMetric(c.relaysFailing, prometheus.GaugeValue, float64(s.Relays.Failing))
 	procs, silentProcs := s.ConsumerProcesses()
 	ch <- prometheus.MustNewConstMetric(c.consumerProcesses, prometheus.GaugeValue, float64(procs), "running")
 	ch <- prometheus.MustNewConstMetric(c.consumerProcesses, prometheus.GaugeValue, float64(silentProcs), "silent")

@@ -183,7 +183,23 @@ type Relays struct {
 	// misconfiguration (Disagree).
 	Shards  []int  `json:"shards"`
 	Ordered []bool `json:"ordered"`
+	// Failing are running relays whose last failed publish is newer than
+	// their last publish, which is two report intervals old
+	// (relayFailingSQL): what they try does not go through, and it is not
+	// an outage (they would be paused).
+	Failing int64 `json:"failing"`
 }
+
+// relayFailingSQL is when a relay is failing, on the database's clock: it
+// runs (not paused: an outage is not its failure), its last failed publish
+// is newer than its last publish, and it has not published for two of its
+// report intervals (a third of expires_at − seen_at each). Without that
+// margin, a relay that publishes all the time would read as failing
+// between a refused event and its next batch. The relays page (RelayRow.
+// Failing) and Relays.Failing both use it.
+const relayFailingSQL = `(expires_at > now() AND unavailable_since IS NULL
+	AND last_error_at > coalesce(published_at, '-infinity')
+	AND coalesce(published_at, started_at) < now() - (expires_at - seen_at) * 2 / 3)`
 
 // Disagree reports alive relays that publish differently: on different
 // shard counts (a consumer reads one count's subjects or queues, so it never
@@ -210,7 +226,8 @@ func (r *RelaysRead) Expr(*db.Args) string {
 	    'silent', count(*) FILTER (WHERE expires_at <= now()),
 	    'silent_last', max(seen_at) FILTER (WHERE expires_at <= now()),
 	    'shards', coalesce(array_agg(DISTINCT shards ORDER BY shards) FILTER (WHERE expires_at > now()), '{}'),
-	    'ordered', coalesce(array_agg(DISTINCT ordered ORDER BY ordered) FILTER (WHERE expires_at > now()), '{}'))
+	    'ordered', coalesce(array_agg(DISTINCT ordered ORDER BY ordered) FILTER (WHERE expires_at > now()), '{}'),
+	    'failing', count(*) FILTER (WHERE ` + relayFailingSQL + `))
 	  FROM outbox_relay
 	 WHERE expires_at >= now() - ` + forgetInterval
 }
@@ -254,6 +271,9 @@ type RelayRow struct {
 	Failed      int64
 	LastError   string
 	LastErrorAt *time.Time
+	// Failing: running, its last failure newer than its last publish, and
+	// no publish for two report intervals (Relays.Failing counts these).
+	Failing bool
 }
 
 // The states of a relay's report (Relays counts them).
@@ -275,7 +295,8 @@ func ListRelays(ctx context.Context, q db.Querier) ([]RelayRow, time.Time, error
 		SELECT name, host, pid, started_at, seen_at,
 		       CASE WHEN expires_at <= now() THEN seen_at ELSE unavailable_since END,
 		       CASE WHEN expires_at <= now() THEN 'silent' WHEN unavailable_since IS NOT NULL THEN 'paused' ELSE 'running' END,
-		       shards, ordered, published, published_at, failed, coalesce(last_error, ''), last_error_at, now()
+		       shards, ordered, published, published_at, failed, coalesce(last_error, ''), last_error_at,
+		       coalesce(`+relayFailingSQL+`, false), now()
 		  FROM outbox_relay
 		 WHERE expires_at >= now() - `+forgetInterval+`
 		 ORDER BY CASE WHEN expires_at <= now() THEN 1 WHEN unavailable_since IS NOT NULL THEN 0 ELSE 2 END, name, host, pid
@@ -291,7 +312,7 @@ func ListRelays(ctx context.Context, q db.Querier) ([]RelayRow, time.Time, error
 	for rows.Next() {
 		var r RelayRow
 		if err := rows.Scan(&r.Name, &r.Host, &r.PID, &r.StartedAt, &r.SeenAt, &r.Since, &r.State, &r.Shards, &r.Ordered, &r.Published, &r.PublishedAt,
-			&r.Failed, &r.LastError, &r.LastErrorAt, &at); err != nil {
+			&r.Failed, &r.LastError, &r.LastErrorAt, &r.Failing, &at); err != nil {
 			return nil, time.Time{}, fmt.Errorf("outbox: list relays: %w", err)
 		}
 		out = append(out, r)

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -336,5 +337,76 @@ func TestRelaysThatPublishDifferentlyDisagree(t *testing.T) {
 	stopOdd()
 	if got := readRelays(t, pool); got.Disagree() || got.Running != 1 {
 		t.Fatalf("after the odd relay stopped: %+v, want one relay and no disagreement", got)
+	}
+}
+
+// A relay whose publishes are refused (not an outage: it does not pause)
+// is failing from its first refusal until it publishes again; the count and
+// the row agree.
+func TestARelayWhosePublishesAreRefusedIsFailing(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	var refusing atomic.Bool
+	refusing.Store(true)
+	pub := &memPublisher{name: "r", log: &pubLog{}, before: func(context.Context, broker.Message) error {
+		if refusing.Load() {
+			return errors.New("permissions violation for publish")
+		}
+		return nil
+	}}
+	r, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Name: "refused", PollInterval: 5 * time.Millisecond, DisableListen: true,
+		ReportInterval: 20 * time.Millisecond, MaxAttempts: 1000, Backoff: outbox.Backoff{Base: 5 * time.Millisecond, Cap: 20 * time.Millisecond}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	bulkInsert(t, pool, "refused", 2, 1)
+	testkit.Until(t, "the relay counted as failing", func() bool { return readRelays(t, pool).Failing == 1 })
+	row := listRelays(t, pool)[0]
+	if !row.Failing || row.Failed == 0 || !strings.Contains(row.LastError, "permissions violation") || row.Published != 0 {
+		t.Fatalf("refused relay's row %+v: want failing, with the broker's words, nothing published", row)
+	}
+	if got := readRelays(t, pool); got.Running != 1 || got.Paused != 0 {
+		t.Fatalf("a refusal is no outage: %+v, want running, not paused", got)
+	}
+	refusing.Store(false)
+	testkit.Until(t, "both published", func() bool { return listRelays(t, pool)[0].Published == 2 })
+	if got, row := readRelays(t, pool), listRelays(t, pool)[0]; got.Failing != 0 || row.Failing {
+		t.Fatalf("after publishing: %+v, row %+v; want not failing", got, row)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The same margin for relays: a failure after the last publish counts only
+// once the relay has not published for two report intervals, and never
+// while it is paused (an outage is not its failure).
+func TestRelayFailingWaitsTwoReportIntervalsWithoutAPublish(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, unavailable_since, shards, ordered, published, published_at, failed, last_error, last_error_at)
+		VALUES (gen_random_uuid(), 'busy', 'h', 1, now() - interval '1 hour', now(), now() + interval '15 seconds', NULL, 0, true, 100, now() - interval '2 seconds', 1, 'refused', now() - interval '1 second'),
+		       (gen_random_uuid(), 'stuck', 'h', 2, now() - interval '1 hour', now(), now() + interval '15 seconds', NULL, 0, true, 100, now() - interval '20 seconds', 9, 'refused', now() - interval '1 second'),
+		       (gen_random_uuid(), 'paused', 'h', 3, now() - interval '1 hour', now(), now() + interval '15 seconds', now(), 0, true, 100, now() - interval '20 seconds', 9, 'refused', now() - interval '1 second'),
+		       (gen_random_uuid(), 'never', 'h', 4, now() - interval '1 minute', now(), now() + interval '15 seconds', NULL, 0, true, 0, NULL, 2, 'refused', now() - interval '1 second')`); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, r := range listRelays(t, pool) {
+		got[r.Name] = r.Failing
+	}
+	want := map[string]bool{"busy": false, "stuck": true, "paused": false, "never": true}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("failing: got %v, want %v", got, want)
+	}
+	if n := readRelays(t, pool).Failing; n != 2 {
+		t.Fatalf("Relays.Failing = %d, want the 2 rows the list flags", n)
 	}
 }
