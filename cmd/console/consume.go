@@ -44,13 +44,16 @@ func runConsume(ctx context.Context, e env, args []string) error {
 			return fmt.Errorf("consume: this broker cannot read shards; set OUTBOX_SHARDS=0")
 		}
 		// A connection per shard it may run, plus the one that holds the
-		// shard locks: the default pool (4 on 2 cores) would serialize them.
+		// shard locks and one for the process's reports (and the reads of
+		// its peers' that share the shards): the default pool (4 on 2
+		// cores) would serialize them, and a report waiting behind busy
+		// readers would make a live process look silent.
 		running := c.Shards
 		if c.Owned != nil {
 			running = len(c.Owned)
 		}
 		pcfg := w.pool.Config()
-		pcfg.MaxConns = int32(min(running, 32) + 1)
+		pcfg.MaxConns = int32(min(running, 32) + 2)
 		spool, err := pgxpool.NewWithConfig(ctx, pcfg)
 		if err != nil {
 			return fmt.Errorf("consume: database pool: %w", err)

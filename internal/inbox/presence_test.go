@@ -341,7 +341,7 @@ func TestAShardedConsumerWhoseBatchFailsReportsItFailing(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stop()
-	startShardRelays(rctx, t, &wg, pool, srv.ClientURL(), broker.Options{Namespace: "shardfail"}, 1, 2)
+	startShardRelays(rctx, t, &wg, pool, natsAt(srv.ClientURL(), "shardfail"), 1, 2)
 	var refusing atomic.Bool
 	refusing.Store(true)
 	record := inbox.RecordBatchEffect("sharded")

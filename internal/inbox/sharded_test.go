@@ -236,7 +236,7 @@ func TestShardedConsumerKeepsOrderThroughKills(t *testing.T) {
 	opts := broker.Options{Namespace: ns}
 
 	var wg sync.WaitGroup
-	startShardRelays(ctx, t, &wg, pool, srv.ClientURL(), opts, 2, shards)
+	startShardRelays(ctx, t, &wg, pool, natsAt(srv.ClientURL(), ns), 2, shards)
 
 	// An in-process consumer "process": its own broker connection and pool.
 	type proc struct {
@@ -338,12 +338,33 @@ func TestShardedConsumerKeepsOrderThroughKills(t *testing.T) {
 	checkConsumed(t, pool, total)
 }
 
+// shardBroker is what the sharded tests need of a broker connection.
+type shardBroker interface {
+	broker.Publisher
+	broker.ShardSubscriber
+	Close() error
+}
+
+// openBroker opens a connection to the test's broker.
+type openBroker func(ctx context.Context) (shardBroker, error)
+
+// natsAt opens connections to the JetStream at url in namespace ns.
+func natsAt(url, ns string) openBroker {
+	return func(ctx context.Context) (shardBroker, error) {
+		b, err := natsbroker.Open(ctx, url, broker.Options{Namespace: ns})
+		if err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+}
+
 // startShardRelays runs n relays (batch 500) publishing pool's outbox on
-// shards to the JetStream at natsURL until ctx ends; wg waits for them.
-func startShardRelays(ctx context.Context, t *testing.T, wg *sync.WaitGroup, pool *pgxpool.Pool, natsURL string, opts broker.Options, n, shards int) {
+// shards through connections from open until ctx ends; wg waits for them.
+func startShardRelays(ctx context.Context, t *testing.T, wg *sync.WaitGroup, pool *pgxpool.Pool, open openBroker, n, shards int) {
 	t.Helper()
 	for i := range n {
-		b, err := natsbroker.Open(ctx, natsURL, opts)
+		b, err := open(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -505,7 +526,57 @@ func TestShardedConsumerOnRabbitKeepsOrderThroughKills(t *testing.T) {
 // exactly once and in order per aggregate through the hand-overs.
 func TestShardsAreSharedAsProcessesComeAndGo(t *testing.T) {
 	t.Parallel()
-	const total, aggs, shards = 20000, 1000, 16
+	srv, err := natsembedded.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	testShardsShared(t, natsAt(srv.ClientURL(), "share"), 20000)
+}
+
+// The same on RabbitMQ: a hand-over cancels the shard's single active
+// consumer (what it had not acknowledged goes back to the queue, in order)
+// and the next process's consumer becomes the active one.
+func TestShardsAreSharedOnRabbitAsProcessesComeAndGo(t *testing.T) {
+	t.Parallel()
+	const url = "amqp://guest:guest@127.0.0.1:5672/"
+	opts := broker.Options{Namespace: fmt.Sprintf("share-%d", time.Now().UnixNano())}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := rabbitbroker.Open(ctx, url, opts)
+	if err != nil {
+		t.Fatalf("RabbitMQ on 127.0.0.1:5672 (guest/guest) is needed: %v", err)
+	}
+	defer admin.Close()
+	// The queues exist before the relays publish.
+	if err := admin.DeclareShardQueues("sharded", 16); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := admin.DeleteShardQueues("sharded", 16); err != nil {
+			t.Logf("cleanup: %v", err)
+		}
+		if err := admin.DeleteNamespace(); err != nil {
+			t.Logf("cleanup: %v", err)
+		}
+	})
+	// Fewer events: with this test's batches of 10 the adapter hands over
+	// only what has arrived, often 1–2 messages a transaction, and the
+	// slow effect makes that about 200 events/s.
+	testShardsShared(t, func(ctx context.Context) (shardBroker, error) {
+		b, err := rabbitbroker.Open(ctx, url, opts)
+		if err != nil {
+			return nil, err
+		}
+		return b, nil
+	}, 6000)
+}
+
+// testShardsShared preloads total events over 1,000 aggregates, has two
+// relays publish them on 16 shards through open's broker, and moves the
+// shards between consumer processes while they are applied.
+func testShardsShared(t *testing.T, open openBroker, total int) {
+	const aggs, shards = 1000, 16
 	url := dbtest.URL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -515,16 +586,10 @@ func TestShardsAreSharedAsProcessesComeAndGo(t *testing.T) {
 	}
 	defer pool.Close()
 	preloadOutbox(t, pool, total, aggs)
-	srv, err := natsembedded.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	opts := broker.Options{Namespace: "share"}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	startShardRelays(ctx, t, &wg, pool, srv.ClientURL(), opts, 2, shards)
+	startShardRelays(ctx, t, &wg, pool, open, 2, shards)
 	// Small, slow batches, so the events outlast the hand-overs.
 	record := inbox.RecordBatchEffect("sharded")
 	slow := func(ctx context.Context, tx pgx.Tx, msgs []broker.Message) error {
@@ -537,7 +602,7 @@ func TestShardsAreSharedAsProcessesComeAndGo(t *testing.T) {
 		done   chan error
 	}
 	start := func(owned []int) *proc {
-		b, err := natsbroker.Open(ctx, srv.ClientURL(), opts)
+		b, err := open(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
