@@ -545,6 +545,12 @@ func (r *RabbitMQ) declareShardQueue(ch *amqp.Channel, consumer string, shards, 
 	return nil
 }
 
+// batchLinger is how long a shard's batch waits for one more delivery
+// before it is handed over: deliveries already received come one after
+// another well within it, and a shard with nothing more to read pays it
+// once per batch.
+const batchLinger = time.Millisecond
+
 // SubscribeShard consumes one shard's queue with a prefetch of s.Batch and
 // hands h what has arrived, at most s.Batch messages at a time. A batch h
 // accepts is acknowledged at once (multiple ack of its last delivery); a
@@ -586,6 +592,9 @@ func (r *RabbitMQ) SubscribeShard(ctx context.Context, s broker.ShardSubscriptio
 		return fmt.Errorf("broker: consume %s: %w", queue, err)
 	}
 	batch := make([]broker.Message, 0, size)
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
+	defer linger.Stop()
 	for {
 		batch = batch[:0]
 		var last uint64
@@ -600,18 +609,35 @@ func (r *RabbitMQ) SubscribeShard(ctx context.Context, s broker.ShardSubscriptio
 			batch = append(batch, fromAMQP(d))
 			last = d.DeliveryTag
 		}
+		// The client hands deliveries over from its own goroutine through
+		// an unbuffered channel: right after a receive the next one is
+		// rarely offered yet, though it has arrived. Without waiting for
+		// it, every batch held one message (a transaction per event); so
+		// the batch takes what comes within batchLinger of the one before.
 	fill:
 		for len(batch) < size {
+			var (
+				d  amqp.Delivery
+				ok bool
+			)
 			select {
-			case d, ok := <-deliveries:
-				if !ok {
+			case d, ok = <-deliveries:
+			default:
+				linger.Reset(batchLinger)
+				select {
+				case d, ok = <-deliveries:
+					// Since Go 1.23 a stopped timer delivers no stale
+					// value: no drain (which could block).
+					linger.Stop()
+				case <-linger.C:
 					break fill
 				}
-				batch = append(batch, fromAMQP(d))
-				last = d.DeliveryTag
-			default:
+			}
+			if !ok {
 				break fill
 			}
+			batch = append(batch, fromAMQP(d))
+			last = d.DeliveryTag
 		}
 		if herr := h(ctx, batch); herr != nil {
 			_ = ch.Nack(last, true, true)

@@ -240,3 +240,46 @@ func TestABlockedConnectionIsAnOutageAndSendsNothing(t *testing.T) {
 		t.Fatalf("the queue holds %d messages, want 3: the one sent before the alarm, the one it blocked, and the one refused unsent then published", q.Messages)
 	}
 }
+
+// A shard's batch holds what has arrived, up to its size: the client hands
+// deliveries over one at a time from its own goroutine, and a batch that
+// took only what was offered at that instant held one message each time
+// (a transaction per event in the consumer).
+func TestAShardBatchHoldsWhatHasArrived(t *testing.T) {
+	t.Parallel()
+	r := openRabbit(t, broker.Options{})
+	const consumer, shards, n = "reader", 2, 200
+	if err := r.DeclareShardQueues(consumer, shards); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := r.DeleteShardQueues(consumer, shards); err != nil {
+			t.Logf("cleanup: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	msgs := brokertest.Messages(n, 1)
+	for i := range msgs {
+		msgs[i].Shards, msgs[i].Shard = shards, 1
+		if err := r.Publish(ctx, msgs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var sizes []int
+	got := 0
+	err := r.SubscribeShard(ctx, broker.ShardSubscription{Consumer: consumer, Shards: shards, Shard: 1, Batch: 50},
+		func(_ context.Context, batch []broker.Message) error {
+			sizes = append(sizes, len(batch))
+			if got += len(batch); got >= n {
+				cancel()
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != n || len(sizes) > n/50+2 {
+		t.Fatalf("%d of %d messages in %d batches %v: want batches of up to 50 holding what had arrived", got, n, len(sizes), sizes)
+	}
+}
