@@ -80,8 +80,7 @@ func TestBrowserFourEyesResolution(t *testing.T) {
 	if err := chromedp.Do(admin,
 		chromedp.Navigate(h.base+"/approvals"),
 		chromedp.WaitVisible(chromedp.CSS(`[data-testid="approve"]`)),
-		clickLive(`[data-testid="approve"]`),
-		chromedp.WaitVisible(chromedp.CSS(`[data-testid="notice"]`)),
+		clickLiveUntil(`[data-testid="approve"]`, `[data-testid="notice"]`),
 	); err != nil {
 		t.Fatalf("approve: %v", err)
 	}

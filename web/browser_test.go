@@ -137,6 +137,29 @@ func clickLive(sel string) chromedp.Action[chromedp.Void] {
 	})
 }
 
+// clickLiveUntil clicks sel (as clickLive) until done is visible: a click
+// that lands while the live page swaps the element out (the old node gone,
+// the new one not laid out yet) does nothing, and the page waits for ever.
+// A click that submitted leaves the page, so done shows and no second
+// click comes.
+func clickLiveUntil(sel, done string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		var err error
+		for range 5 {
+			if _, err = clickLive(sel)(ctx, tg); err != nil {
+				return err
+			}
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			_, err = chromedp.WaitVisible(chromedp.CSS(done))(wctx, tg)
+			cancel()
+			if err == nil || ctx.Err() != nil {
+				return err
+			}
+		}
+		return err
+	})
+}
+
 func browserLogin(ctx context.Context, t *testing.T, h *harness, user string) {
 	t.Helper()
 	err := chromedp.Do(ctx,
