@@ -8,6 +8,9 @@ import (
 
 type metrics struct {
 	processed, duplicates, stale *prometheus.CounterVec
+	// shardsHeld is how many shards this process's sharded consumers read
+	// now, by consumer: where the shards went after a rebalance, per process.
+	shardsHeld *prometheus.GaugeVec
 }
 
 // newMetrics builds the inbox collectors on reg (nil: a private registry).
@@ -33,6 +36,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		if *c, err = db.Register(reg, *c); err != nil {
 			return nil, err
 		}
+	}
+	var err error
+	if m.shardsHeld, err = db.Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sluice_inbox_shards_held",
+		Help: "Shards this process's sharded consumer reads now, by consumer (they share the shards with the consumer's other processes).",
+	}, []string{"consumer"})); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

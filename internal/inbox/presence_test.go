@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/broker/natsbroker"
@@ -43,6 +44,29 @@ func embeddedNATS(t *testing.T, ns string) (*natsembedded.Server, *natsbroker.Je
 	}
 	t.Cleanup(func() { _ = b.Close() })
 	return srv, b
+}
+
+// shardsHeld reads sluice_inbox_shards_held{consumer="orders"} from reg.
+func shardsHeld(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_inbox_shards_held" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "consumer" && l.GetValue() == "orders" {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no sluice_inbox_shards_held{consumer=\"orders\"} in the registry")
+	return 0
 }
 
 func listProcesses(t *testing.T, pool *pgxpool.Pool) []inbox.ProcessRow {
@@ -93,8 +117,8 @@ func TestConsumerProcessesReportWhatTheyRead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sharded := func(owned []int) proc {
-		c := &inbox.ShardedConsumer{Inbox: inbox.New(pool), Name: "orders", Shards: 4, Owned: owned,
+	sharded := func(owned []int, reg *prometheus.Registry) proc {
+		c := &inbox.ShardedConsumer{Inbox: inbox.New(pool, inbox.WithMetrics(reg)), Name: "orders", Shards: 4, Owned: owned,
 			RetryInterval: 50 * time.Millisecond, ReportInterval: 50 * time.Millisecond}
 		return run(func(ctx context.Context) error { return c.Run(ctx, b) })
 	}
@@ -107,12 +131,17 @@ func TestConsumerProcessesReportWhatTheyRead(t *testing.T) {
 		})
 	}
 
-	first := sharded([]int{0, 1})
+	firstMetrics := prometheus.NewRegistry()
+	first := sharded([]int{0, 1}, firstMetrics)
 	coverage(inbox.Coverage{Consumer: "orders", Running: 1, Shards: []int{4}, Unowned: []int{2, 3}})
 	rows := listProcesses(t, pool)
 	if len(rows) != 1 || rows[0].Silent || rows[0].Shards != 4 || !slices.Equal(rows[0].Owned, []int{0, 1}) ||
 		!slices.Equal(rows[0].Held, []int{0, 1}) || rows[0].PID == 0 || rows[0].Host == "" {
 		t.Fatalf("one process owning shards 0 and 1: %+v", rows)
+	}
+	// The process's own /metrics say the same.
+	if n := shardsHeld(t, firstMetrics); n != 2 {
+		t.Fatalf("sluice_inbox_shards_held = %v, want 2", n)
 	}
 	if m := inbox.Cover(rows)[0].Misread([]int{4}); m != nil {
 		t.Fatalf("reading the relays' 4 shards is no misread: %v", m)
@@ -122,7 +151,7 @@ func TestConsumerProcessesReportWhatTheyRead(t *testing.T) {
 	}
 
 	// A second process may read every shard: it takes the two nobody holds.
-	second := sharded(nil)
+	second := sharded(nil, prometheus.NewRegistry())
 	coverage(inbox.Coverage{Consumer: "orders", Running: 2, Shards: []int{4}})
 	rows = listProcesses(t, pool)
 	if len(rows) != 2 {
@@ -145,6 +174,9 @@ func TestConsumerProcessesReportWhatTheyRead(t *testing.T) {
 
 	// The first stops: its row goes, the second takes its shards.
 	stop(first)
+	if n := shardsHeld(t, firstMetrics); n != 0 {
+		t.Fatalf("a stopped consumer's sluice_inbox_shards_held = %v, want 0", n)
+	}
 	coverage(inbox.Coverage{Consumer: "orders", Running: 1, Shards: []int{4}})
 	testkit.Eventually(t, "the second process reading every shard", func() (bool, error) {
 		rows = listProcesses(t, pool)

@@ -140,6 +140,8 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 		// once per run of failures).
 		peersFailing bool
 	)
+	heldGauge := c.Inbox.m.shardsHeld.WithLabelValues(c.Name)
+	defer heldGauge.Set(0)
 	heldNow := func() {
 		mu.Lock()
 		hs := make([]int, 0, len(held))
@@ -147,6 +149,7 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 			hs = append(hs, s)
 		}
 		mu.Unlock()
+		heldGauge.Set(float64(len(hs)))
 		report.setHeld(hs)
 	}
 	stopAll := func() {
