@@ -188,9 +188,10 @@ func TestConsumerProcessesReportWhatTheyRead(t *testing.T) {
 	}
 }
 
-// A consumer process that dies without signing off is shown as silent and
-// counts in no coverage; once silent for an hour, another process's report
-// removes its row.
+// A consumer process that dies without signing off is shown as silent: its
+// consumer's coverage counts it as silent only, and with no other process
+// running the consumer has stopped; once silent for an hour, another
+// process's report removes its row.
 func TestAConsumerThatDiesIsSilentThenForgotten(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t)
@@ -312,8 +313,9 @@ func TestCoverSumsRunningProcessesOnly(t *testing.T) {
 }
 
 // A consumer whose effect keeps failing reports it: its failures count up
-// and it is failing (its last failure newer than its last apply) until the
-// effect goes through, then it is not.
+// and it is failing (its last failure newer than its last apply, nothing
+// applied for two report intervals) until the effect goes through, then it
+// is not.
 func TestAConsumerWhoseEffectFailsReportsItFailing(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
