@@ -27,6 +27,18 @@
       code === 1008 ? "Your session ended here or in another tab. Reload to sign in again." :
       "Live updates stopped. Reload the page to see current numbers.";
   });
+  // A live fragment that names the state the page already shows
+  // (data-live-key, e.g. the approvals page's signal, which the feed sends
+  // again on every connect) is not swapped in: swapping it would reload
+  // the list under the operator's pointer for nothing.
+  document.body.addEventListener("htmx:oobBeforeSwap", function (e) {
+    var d = e.detail, have = d.target && d.target.dataset ? d.target.dataset.liveKey : "";
+    var next = d.fragment && d.fragment.firstElementChild;
+    if (have && next && next.dataset && next.dataset.liveKey === have) {
+      d.shouldSwap = false;
+      d.target.dataset.liveUnchanged = have; // what was left out, for whoever looks
+    }
+  });
   function lastUpdate() {
     var u = document.getElementById("updated");
     return u ? u.textContent.trim().replace(/^as of /, "") : "earlier";

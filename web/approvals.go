@@ -22,14 +22,27 @@ var approvalDone = map[string]string{
 	"rejected": "Rejected: the payment stays unknown; its reservation is untouched.",
 }
 
-// approvalsPage is GET /approvals: the pending four-eyes requests (the
-// page refreshes its table every few seconds).
+// approvalsListLimit is how many pending requests the approvals page lists.
+const approvalsListLimit = 200
+
+// approvalsPage is GET /approvals: the pending four-eyes requests. The
+// live feed makes the page load its list again when they change.
 func (a *App) approvalsPage(c echo.Context) error {
-	rows, err := payments.PendingApprovals(c.Request().Context(), a.pool, 200)
+	rows, err := payments.PendingApprovals(c.Request().Context(), a.pool, approvalsListLimit)
 	if err != nil {
 		return err
 	}
 	d := views.ApprovalsData{Pending: rows, Me: staffID(auth.SessionFrom(c)), Notice: approvalDone[c.QueryParam("done")]}
+	// The list's own key, read off the rows (one snapshot), as the feed's
+	// payments.PendingRead defines it: only when the list holds every
+	// pending request.
+	if len(rows) < approvalsListLimit {
+		var newest int64
+		for _, r := range rows {
+			newest = max(newest, r.ID)
+		}
+		d.Key = views.ApprovalsKey(int64(len(rows)), newest)
+	}
 	return render(c, http.StatusOK, views.ApprovalsPage(a.page(c, "Approvals", "/approvals"), d))
 }
 

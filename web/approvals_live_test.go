@@ -118,3 +118,64 @@ func TestBrowserFourEyesResolution(t *testing.T) {
 		t.Fatalf("open a step: %v", err)
 	}
 }
+
+// A page that connects gets the feed's current signal at once. When it
+// names the requests the page already lists, the list is left as it is:
+// reloading it then swapped the buttons under the operator's pointer, and a
+// click landing in that instant did nothing (a CI hang in the four-eyes
+// test). A real change still reloads it.
+func TestApprovalsPageIsNotReloadedWhenNothingChanged(t *testing.T) {
+	h := start(t, options{tick: 100 * time.Millisecond, configure: func(c *web.Config) { c.FourEyesAbove = decimal.RequireFromString("100.00") }})
+	b, token := h.signedIn(t, "oncall")
+	request := func() string {
+		op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "500.00"})
+		if resp, _ := h.postForm(t, b, "/payments/"+op.String()+"/resolve", resolveForm(token, "succeeded")); resp.StatusCode != http.StatusSeeOther {
+			t.Fatalf("resolve request: %d", resp.StatusCode)
+		}
+		return op.String()
+	}
+	first := request()
+	// The feed's snapshot must count the request before the page opens, or
+	// its first push is older than the page and rightly reloads it.
+	deadline := time.Now().Add(30 * time.Second)
+	for s, ok := h.app.Feed().Latest(); !ok || s.Approvals.Pending != 1; s, ok = h.app.Feed().Latest() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the feed never counted the pending request: %+v", s.Approvals)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	ctx, _ := newChrome(t)
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	browserLogin(tctx, t, h, "admin")
+	if err := chromedp.Do(tctx,
+		chromedp.Navigate(h.base+"/approvals"),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="approve"]`)),
+	); err != nil {
+		t.Fatalf("open the approvals page: %v", err)
+	}
+	if ok, err := chromedp.Run(tctx, chromedp.Evaluate[bool](`(window.listAtLoad = document.getElementById('pending-approvals')) !== null`)); err != nil || !ok {
+		t.Fatalf("mark the list: %v %v", ok, err)
+	}
+	waitJS(tctx, t, "the connect-time signal is seen and left out",
+		`document.getElementById('approvals-signal').dataset.liveUnchanged === document.getElementById('approvals-signal').dataset.liveKey`)
+	reloads := `performance.getEntriesByType('resource').filter(e => e.initiatorType === 'xmlhttprequest' && new URL(e.name).pathname === '/approvals').length`
+	same, err := chromedp.Run(tctx, chromedp.Evaluate[bool](`document.getElementById('pending-approvals') === window.listAtLoad`))
+	if err != nil || !same {
+		t.Fatalf("the list was replaced although nothing changed (same node: %v, %v)", same, err)
+	}
+	if n, err := chromedp.Run(tctx, chromedp.Evaluate[int](reloads)); err != nil || n != 0 {
+		t.Fatalf("%d reloads of the list although nothing changed (%v)", n, err)
+	}
+	if n, _ := chromedp.Run(tctx, chromedp.Evaluate[int](`document.querySelectorAll('[data-testid="approval-row"]').length`)); n != 1 {
+		t.Fatalf("%d rows, want the one request (%s)", n, first)
+	}
+
+	// A second request changes the state: the list loads again and shows it.
+	second := request()
+	waitJS(tctx, t, "the second request on the open page", `document.querySelector('[data-testid="approval-row"] a[href="/payments/`+second+`"]') !== null`)
+	if n, err := chromedp.Run(tctx, chromedp.Evaluate[int](reloads)); err != nil || n < 1 {
+		t.Fatalf("the list showed the new request without a reload? %d reloads (%v)", n, err)
+	}
+}
