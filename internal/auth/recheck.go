@@ -67,7 +67,7 @@ func (rc *RoleCheck) Check(ctx context.Context, sess *Session, meta RequestMeta)
 	err := db.WithTx(actx, rc.RP.pool, func(tx pgx.Tx) error {
 		// The row lock makes concurrent requests of one session re-check
 		// once: a rotated refresh token may be presented only once.
-		cur, err := scanSession(tx.QueryRow(actx, `SELECT `+sessionColumns+` FROM console_session WHERE id_hash = $1 FOR UPDATE`, sess.IDHash))
+		cur, err := scanSession(tx.QueryRow(actx, `SELECT `+sessionColumns+` FROM console_session WHERE id_hash = $1 FOR UPDATE`, sess.IDHash), sess.sealKey)
 		if err != nil {
 			return err
 		}
@@ -96,8 +96,12 @@ func (rc *RoleCheck) Check(ctx context.Context, sess *Session, meta RequestMeta)
 			return audit.Record(actx, tx, ev)
 		}
 		now := rc.now()
+		sealed, err := cur.seal(columnRefreshToken, refresh)
+		if err != nil {
+			return err
+		}
 		if _, err := tx.Exec(actx, `UPDATE console_session SET roles = $2, refresh_token = $3, roles_checked_at = $4 WHERE id_hash = $1`,
-			cur.IDHash, roleStrings(roles), refresh, now); err != nil {
+			cur.IDHash, roleStrings(roles), sealed, now); err != nil {
 			return fmt.Errorf("auth: store re-checked roles: %w", err)
 		}
 		changed := !slices.Equal(roles, cur.Roles)

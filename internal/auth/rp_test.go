@@ -53,6 +53,11 @@ type testIDP struct {
 	used  map[string]bool
 	mint  func(nonce string) string
 	nonce map[string]string // code → nonce
+	// refresh, when set, is the refresh token the code grant hands out;
+	// the refresh grant then answers only that token, with a new ID token
+	// and next as the rotated refresh token.
+	refresh, next string
+	refreshed     int // refresh grants answered
 }
 
 func newTestIDP(t *testing.T) *testIDP {
@@ -63,6 +68,25 @@ func newTestIDP(t *testing.T) *testIDP {
 	mux.Handle("/", ot)
 	mux.HandleFunc("POST /token", func(w http.ResponseWriter, r *http.Request) {
 		_ = r.ParseForm()
+		if r.PostForm.Get("grant_type") == "refresh_token" {
+			idp.mu.Lock()
+			ok := idp.refresh != "" && r.PostForm.Get("refresh_token") == idp.refresh
+			if ok {
+				idp.refresh, idp.next = idp.next, ""
+				idp.refreshed++
+			}
+			rotated := idp.refresh
+			idp.mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			if !ok {
+				w.WriteHeader(http.StatusBadRequest)
+				fmt.Fprint(w, `{"error":"invalid_grant"}`)
+				return
+			}
+			_ = json.NewEncoder(w).Encode(map[string]any{"access_token": "at", "token_type": "Bearer", "expires_in": 60,
+				"id_token": idp.mint(""), "refresh_token": rotated})
+			return
+		}
 		code, verifier := r.PostForm.Get("code"), r.PostForm.Get("code_verifier")
 		idp.mu.Lock()
 		challenge, ok := idp.codes[code]
@@ -78,12 +102,24 @@ func newTestIDP(t *testing.T) *testIDP {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]any{"access_token": "at", "token_type": "Bearer", "expires_in": 60, "id_token": idp.mint(nonce)})
+		answer := map[string]any{"access_token": "at", "token_type": "Bearer", "expires_in": 60, "id_token": idp.mint(nonce)}
+		idp.mu.Lock()
+		if idp.refresh != "" {
+			answer["refresh_token"] = idp.refresh
+		}
+		idp.mu.Unlock()
+		_ = json.NewEncoder(w).Encode(answer)
 	})
 	idp.Server = httptest.NewServer(mux)
 	ot.SetIssuer(idp.URL)
 	t.Cleanup(idp.Close)
 	return idp
+}
+
+func (idp *testIDP) grants() int {
+	idp.mu.Lock()
+	defer idp.mu.Unlock()
+	return idp.refreshed
 }
 
 // authorize plays the provider's authorize endpoint: it records the PKCE

@@ -35,6 +35,10 @@ type Session struct {
 	RolesCheckedAt time.Time
 	csrfSecret     []byte
 	refreshToken   string // what the re-check presents to the provider; never logged
+	// sealKey seals and opens the two tokens in console_session: derived
+	// from the cookie value, so only a request that carries the cookie
+	// can read them (sealing.go).
+	sealKey []byte
 }
 
 // Can reports whether the session's roles grant p.
@@ -108,12 +112,21 @@ func (s *Sessions) create(ctx context.Context, tx pgx.Tx, sess *Session) (string
 	sess.IDHash = HashToken(token)
 	sess.ExpiresAt = now.Add(s.lifetime)
 	sess.RolesCheckedAt = now
+	sess.sealKey = sealKeyOf(token)
+	hint, err := sess.seal(columnIDTokenHint, sess.IDTokenHint)
+	if err != nil {
+		return "", err
+	}
+	refresh, err := sess.seal(columnRefreshToken, sess.refreshToken)
+	if err != nil {
+		return "", err
+	}
 	_, err = tx.Exec(ctx, `
 		INSERT INTO console_session (id_hash, issuer, subject, name, roles, auth_time, created_at,
 			last_seen_at, expires_at, csrf_secret, id_token_hint, refresh_token, roles_checked_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $7)`,
 		sess.IDHash, sess.Issuer, sess.Subject, sess.Name, sess.RoleNames(), sess.AuthTime, now,
-		sess.ExpiresAt, sess.csrfSecret, sess.IDTokenHint, sess.refreshToken)
+		sess.ExpiresAt, sess.csrfSecret, hint, refresh)
 	if err != nil {
 		return "", fmt.Errorf("auth: create session: %w", err)
 	}
@@ -123,13 +136,17 @@ func (s *Sessions) create(ctx context.Context, tx pgx.Tx, sess *Session) (string
 const sessionColumns = `id_hash, issuer, subject, name, roles, auth_time, expires_at, csrf_secret, id_token_hint,
 	refresh_token, roles_checked_at`
 
-func scanSession(row pgx.Row) (*Session, error) {
+// scanSession reads a session row and opens its tokens with sealKey (the
+// key of the cookie that named it). Tokens that do not open were sealed for
+// another row or altered: such a row is no session.
+func scanSession(row pgx.Row, sealKey []byte) (*Session, error) {
 	var (
-		sess  Session
-		roles []string
+		sess          Session
+		roles         []string
+		hint, refresh string
 	)
 	err := row.Scan(&sess.IDHash, &sess.Issuer, &sess.Subject, &sess.Name, &roles, &sess.AuthTime,
-		&sess.ExpiresAt, &sess.csrfSecret, &sess.IDTokenHint, &sess.refreshToken, &sess.RolesCheckedAt)
+		&sess.ExpiresAt, &sess.csrfSecret, &hint, &refresh, &sess.RolesCheckedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNoSession
 	}
@@ -138,6 +155,13 @@ func scanSession(row pgx.Row) (*Session, error) {
 	}
 	for _, r := range roles {
 		sess.Roles = append(sess.Roles, Role(r))
+	}
+	sess.sealKey = sealKey
+	if sess.IDTokenHint, err = sess.open(columnIDTokenHint, hint); err != nil {
+		return nil, ErrNoSession
+	}
+	if sess.refreshToken, err = sess.open(columnRefreshToken, refresh); err != nil {
+		return nil, ErrNoSession
 	}
 	return &sess, nil
 }
@@ -152,7 +176,7 @@ func (s *Sessions) Touch(ctx context.Context, token string) (*Session, error) {
 	return scanSession(s.pool.QueryRow(ctx, `
 		UPDATE console_session SET last_seen_at = $2
 		WHERE id_hash = $1 AND expires_at > $2 AND last_seen_at > $3
-		RETURNING `+sessionColumns, HashToken(token), now, now.Add(-s.idle)))
+		RETURNING `+sessionColumns, HashToken(token), now, now.Add(-s.idle)), sealKeyOf(token))
 }
 
 // Peek finds the live session of a cookie value without counting the
@@ -164,7 +188,7 @@ func (s *Sessions) Peek(ctx context.Context, token string) (*Session, error) {
 	now := s.now()
 	return scanSession(s.pool.QueryRow(ctx, `
 		SELECT `+sessionColumns+` FROM console_session
-		WHERE id_hash = $1 AND expires_at > $2 AND last_seen_at > $3`, HashToken(token), now, now.Add(-s.idle)))
+		WHERE id_hash = $1 AND expires_at > $2 AND last_seen_at > $3`, HashToken(token), now, now.Add(-s.idle)), sealKeyOf(token))
 }
 
 // Alive reports whether the session with this id hash is still valid,
