@@ -107,7 +107,8 @@ type Publisher interface {
 // stored, as Publish's nil). A failed message does not stop the ones after
 // it, so a caller that needs two messages stored in order must not put both
 // in one batch. An adapter implements it when its broker acknowledges
-// publishes asynchronously (JetStream); the relay uses it when present.
+// publishes asynchronously (JetStream's acks, RabbitMQ's publisher
+// confirms); the relay uses it when present.
 type BatchPublisher interface {
 	Publisher
 	PublishBatch(ctx context.Context, msgs []Message) []error

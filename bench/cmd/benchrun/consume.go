@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -11,12 +12,13 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/broker/natsbroker"
+	"github.com/sluice-dev/sluice/internal/broker/rabbitbroker"
 	"github.com/sluice-dev/sluice/internal/inbox"
 	"github.com/sluice-dev/sluice/internal/outbox"
 )
 
 // C1 (issue 12, part 3): the sharded consumer. Two systems on the R1 data
-// set, NATS sink only:
+// set, on the nats and rabbit sinks:
 //
 //   - consume: the relays (sharded) and the consumer run together from a
 //     full outbox until every event's effect is in the inbox, the consumer
@@ -31,7 +33,10 @@ import (
 // Run the 1,000,000-event check with
 // bench/run -systems consume -sinks nats -consume-rows 1000000 -runs 1.
 
-const consumeShards = 16
+const (
+	consumeShards = 16
+	consumeName   = "bench" // the consumer's name (RabbitMQ: its shard queues' prefix)
+)
 
 func consumeConfig(o options) string {
 	return fmt.Sprintf("%d shards, batch %d, %d relays (batch %d, ordered)", consumeShards, inbox.DefaultConsumeBatch, o.relays, o.batch)
@@ -77,21 +82,46 @@ func startRelays(ctx context.Context, pool *pgxpool.Pool, pub outbox.Publisher, 
 
 // consumerRun is one consumer "process": its own broker connection.
 type consumerRun struct {
-	conn   *natsbroker.JetStream
+	conn   io.Closer
 	cancel context.CancelFunc
 	done   chan error
 }
 
-func startConsumer(ctx context.Context, ns *natsSink, pool *pgxpool.Pool) (*consumerRun, error) {
-	js, err := natsbroker.Open(ctx, ns.srv.ClientURL(), broker.Options{Namespace: "bench"})
+// shardBroker is a consumer's broker connection.
+type shardBroker interface {
+	broker.ShardSubscriber
+	io.Closer
+}
+
+// consumeSink is a sink C1 runs on: it opens a consumer's own connection,
+// and sets itself up for sharded events before the relays publish.
+type consumeSink interface {
+	sink
+	openConsumer(ctx context.Context) (shardBroker, error)
+	useShards() error
+}
+
+func (s *natsSink) openConsumer(ctx context.Context) (shardBroker, error) {
+	return natsbroker.Open(ctx, s.srv.ClientURL(), broker.Options{Namespace: "bench"})
+}
+
+// useShards: the stream takes every subject already.
+func (s *natsSink) useShards() error { return nil }
+
+func (s *rabbitSink) openConsumer(ctx context.Context) (shardBroker, error) {
+	return rabbitbroker.Open(ctx, s.url, broker.Options{Namespace: "bench"})
+}
+
+func startConsumer(ctx context.Context, cs consumeSink, pool *pgxpool.Pool) (*consumerRun, error) {
+	conn, err := cs.openConsumer(ctx)
 	if err != nil {
 		return nil, err
 	}
 	cctx, cancel := context.WithCancel(ctx)
-	c := &inbox.ShardedConsumer{Inbox: inbox.New(pool), Name: "bench", Shards: consumeShards, RetryInterval: 100 * time.Millisecond}
+	c := &inbox.ShardedConsumer{Inbox: inbox.New(pool), Name: consumeName, Shards: consumeShards, RetryInterval: 100 * time.Millisecond}
 	done := make(chan error, 1)
-	go func() { done <- c.Run(cctx, js) }()
-	return &consumerRun{conn: js, cancel: cancel, done: done}, nil
+	go func() { done <- c.Run(cctx, conn) }()
+	return &consumerRun{conn: conn, cancel: cancel, done: done}, nil
 }
 
 // kill cuts the consumer's broker connection under its readers, then stops
@@ -124,9 +154,12 @@ func waitEffects(ctx context.Context, pool *pgxpool.Pool, n int) error {
 
 // runConsume is the burn-down with the consumer killed twice.
 func runConsume(ctx context.Context, pool *pgxpool.Pool, pub broker.Publisher, rows, relays, batch int) (time.Duration, error) {
-	ns, ok := pub.(*natsSink)
+	ns, ok := pub.(consumeSink)
 	if !ok {
-		return 0, errors.New("consume runs on the nats sink only")
+		return 0, errors.New("consume runs on the nats and rabbit sinks only")
+	}
+	if err := ns.useShards(); err != nil {
+		return 0, err
 	}
 	cpool, err := consumerPool(ctx, pool)
 	if err != nil {
@@ -169,9 +202,12 @@ func runConsume(ctx context.Context, pool *pgxpool.Pool, pub broker.Publisher, r
 
 // runConsumeDrain times the consumer alone over a stream the relays filled.
 func runConsumeDrain(ctx context.Context, pool *pgxpool.Pool, pub broker.Publisher, rows, relays, batch int) (time.Duration, error) {
-	ns, ok := pub.(*natsSink)
+	ns, ok := pub.(consumeSink)
 	if !ok {
-		return 0, errors.New("consume-drain runs on the nats sink only")
+		return 0, errors.New("consume-drain runs on the nats and rabbit sinks only")
+	}
+	if err := ns.useShards(); err != nil {
+		return 0, err
 	}
 	rs, stopRelays, err := startRelays(ctx, pool, ns, relays, batch)
 	if err != nil {

@@ -286,6 +286,14 @@ func bareOnce(ctx context.Context, pool *pgxpool.Pool, pub broker.Publisher, bat
 		if err := pub.publishBatch(ctx, msgs); err != nil {
 			return 0, err
 		}
+	case *rabbitSink:
+		// The batch in flight at once, then the confirms: the adapter's
+		// PublishBatch is that, with nothing of the relay around it.
+		for _, err := range pub.PublishBatch(ctx, msgs) {
+			if err != nil {
+				return 0, err
+			}
+		}
 	default:
 		for _, m := range msgs {
 			if err := pub.Publish(ctx, m); err != nil {

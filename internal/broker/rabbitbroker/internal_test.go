@@ -3,6 +3,7 @@ package rabbitbroker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -177,5 +178,88 @@ func TestAMissingConfirmIsAnOutageOnlyWhenNothingWasConfirmed(t *testing.T) {
 	close(gaveUp)
 	if err := <-first; err == nil || errors.Is(err, broker.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("no confirm while another was confirmed: %v, want the publish's own failure", err)
+	}
+}
+
+// A batch is sent a window at a time and each message gets its own
+// outcome: the routable ones stored in batch order, the unroutable ones
+// (a replay to a queue that does not exist) ErrUnroutable among them, and
+// no bookkeeping left behind. 700 messages span three windows.
+func TestPublishBatchGivesEachMessageItsOutcome(t *testing.T) {
+	t.Parallel()
+	r := open(t, broker.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	msgs := brokertest.Messages(700, 700)
+	var want []string
+	for i := range msgs {
+		if i%50 == 7 {
+			msgs[i].ReplayTo = "ghost"
+			continue
+		}
+		want = append(want, msgs[i].ID)
+	}
+	errs := r.PublishBatch(ctx, msgs)
+	if len(errs) != len(msgs) {
+		t.Fatalf("%d outcomes for %d messages", len(errs), len(msgs))
+	}
+	for i, err := range errs {
+		if unroutable := msgs[i].ReplayTo != ""; unroutable != errors.Is(err, ErrUnroutable) || (!unroutable && err != nil) {
+			t.Fatalf("message %d (replay to %q): %v", i, msgs[i].ReplayTo, err)
+		}
+	}
+	r.mu.Lock()
+	waiting, returns := len(r.waiting), len(r.returns)
+	r.mu.Unlock()
+	if waiting != 0 || returns != 0 {
+		t.Fatalf("%d publish entries and %d returns left behind", waiting, returns)
+	}
+
+	var got []string
+	subCtx, stop := context.WithCancel(ctx)
+	if err := r.Subscribe(subCtx, "reader", func(_ context.Context, m broker.Message) error {
+		if got = append(got, m.ID); len(got) == len(want) {
+			stop()
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the queue holds %d messages, want the %d routable ones in batch order", len(got), len(want))
+	}
+}
+
+// In a batch, a confirm that does not come while the broker confirmed the
+// window's other messages is that message's own failure (not an outage
+// that would pause the relay), and the others are stored.
+func TestPublishBatchMissingConfirmAmongAnsweredOnes(t *testing.T) {
+	t.Parallel()
+	r := open(t, broker.Options{})
+	ctx := context.Background()
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	msgs := brokertest.Messages(5, 5)
+	waitConfirm := r.waitConfirm
+	var calls atomic.Int32
+	r.waitConfirm = func(ctx context.Context, dc *amqp.DeferredConfirmation) (bool, error) {
+		if calls.Add(1) == 1 {
+			<-dc.Done() // the broker answered; the wait plays one that gave up
+			return false, context.DeadlineExceeded
+		}
+		return waitConfirm(ctx, dc)
+	}
+	errs := r.PublishBatch(ctx, msgs)
+	if err := errs[0]; err == nil || errors.Is(err, broker.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the missing confirm: %v, want the message's own failure", err)
+	}
+	for i, err := range errs[1:] {
+		if err != nil {
+			t.Fatalf("message %d: %v", i+1, err)
+		}
 	}
 }

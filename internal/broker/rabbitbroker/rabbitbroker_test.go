@@ -191,7 +191,7 @@ func TestABlockedConnectionIsAnOutageAndSendsNothing(t *testing.T) {
 	if err := r.DeclareQueue("reader"); err != nil {
 		t.Fatal(err)
 	}
-	msgs := brokertest.Messages(3, 1)
+	msgs := brokertest.Messages(4, 4)
 	if err := r.Publish(ctx, msgs[0]); err != nil {
 		t.Fatalf("publish before the alarm: %v", err)
 	}
@@ -213,6 +213,11 @@ func TestABlockedConnectionIsAnOutageAndSendsNothing(t *testing.T) {
 	if !errors.Is(err, broker.ErrUnavailable) || !strings.Contains(err.Error(), "not sent") {
 		t.Fatalf("publish while blocked: %v, want ErrUnavailable, not sent", err)
 	}
+	for i, err := range r.PublishBatch(blockedCtx, msgs[2:]) {
+		if !errors.Is(err, broker.ErrUnavailable) || !strings.Contains(err.Error(), "not sent") {
+			t.Fatalf("batch message %d while blocked: %v, want ErrUnavailable, not sent", i, err)
+		}
+	}
 
 	node.Alarm(t, false)
 	alarm = false
@@ -221,8 +226,12 @@ func TestABlockedConnectionIsAnOutageAndSendsNothing(t *testing.T) {
 		defer cancel()
 		return r.Publish(pctx, msgs[2]) == nil
 	})
-	// msgs[1] left the socket before msgs[2] was sent again, and msgs[2] was
-	// not sent while blocked: the queue holds each message once.
+	if err := r.PublishBatch(ctx, msgs[3:])[0]; err != nil {
+		t.Fatalf("a batch once the alarm cleared: %v", err)
+	}
+	// msgs[1] left the socket before msgs[2] was sent again, and msgs[2]
+	// and msgs[3] were not sent while blocked: the queue holds each message
+	// once.
 	conn, err := amqp.Dial(node.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -236,8 +245,8 @@ func TestABlockedConnectionIsAnOutageAndSendsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if q.Messages != 3 {
-		t.Fatalf("the queue holds %d messages, want 3: the one sent before the alarm, the one it blocked, and the one refused unsent then published", q.Messages)
+	if q.Messages != 4 {
+		t.Fatalf("the queue holds %d messages, want 4: the one sent before the alarm, the one it blocked, and the two refused unsent then published", q.Messages)
 	}
 }
 
