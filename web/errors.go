@@ -126,6 +126,8 @@ func (a *App) handleError(err error, c echo.Context) {
 	switch {
 	case errors.As(err, &perm):
 		msg = permissionMessage(perm)
+	case errors.Is(err, auth.ErrCSRF):
+		msg = "This form's security token is missing or belongs to an earlier sign-in, so nothing was done. Reload the page and try again."
 	case errors.As(err, &pe):
 		msg = pe.msg
 	case errors.As(err, &shown):
@@ -142,7 +144,7 @@ func (a *App) handleError(err error, c echo.Context) {
 	}
 	if !strings.Contains(c.Request().Header.Get("Accept"), "text/html") || c.Request().Header.Get("HX-Request") != "" {
 		text := http.StatusText(status)
-		if status == http.StatusTooManyRequests || perm != nil {
+		if status == http.StatusTooManyRequests || perm != nil || errors.Is(err, auth.ErrCSRF) {
 			text += ": " + msg // scripts and curl users see why too
 		}
 		_ = c.String(status, text+" (request id "+rid+")\n")

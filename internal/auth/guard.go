@@ -222,7 +222,13 @@ func (g *Guard) Require(a Access) echo.MiddlewareFunc {
 					token = req.PostFormValue("csrf_token")
 				}
 				if !sess.CheckCSRF(token) {
-					return g.deny(c, sess, "csrf")
+					err := g.deny(c, sess, "csrf")
+					var he *echo.HTTPError
+					if errors.As(err, &he) && he.Code == http.StatusForbidden {
+						// Not a missing permission: the refusal page says so.
+						he.Internal = ErrCSRF
+					}
+					return err
 				}
 			}
 			if a.Perm != "" && !sess.Can(a.Perm) {
@@ -290,6 +296,11 @@ func RecordDenied(ctx context.Context, pool *pgxpool.Pool, sess *Session, meta R
 	actx := context.WithoutCancel(ctx)
 	return db.WithTx(actx, pool, func(tx pgx.Tx) error { return audit.Record(actx, tx, ev) })
 }
+
+// ErrCSRF is why a state-changing request without its session's CSRF
+// token was refused: a form from before a sign-in, from another tab's old
+// session, or not from the console at all.
+var ErrCSRF = errors.New("auth: the request carries no valid CSRF token")
 
 // PermissionError is a request refused because none of the session's
 // roles has the route's permission (the error behind the 403).
