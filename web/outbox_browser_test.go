@@ -61,7 +61,11 @@ func TestBrowserOutboxFindRetryDeadLetterLive(t *testing.T) {
 		t.Fatalf("support sees actions (%d, %v)", n, err)
 	}
 	waitJS(support, t, "support's event page is live", `document.getElementById('conn').dataset.state === 'open'`)
-	if _, err := chromedp.Run(support, chromedp.Evaluate[bool](`window.__notReloaded = true`)); err != nil {
+	// Counts the pushed fragments the event page has no target for (the
+	// dashboard's, when its socket was the dashboard's): there must be none.
+	if _, err := chromedp.Run(support, chromedp.Evaluate[bool](`window.__oobNoTarget = 0;
+		document.body.addEventListener('htmx:oobErrorNoTarget', function(){ window.__oobNoTarget++ });
+		window.__notReloaded = true`)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -108,6 +112,9 @@ func TestBrowserOutboxFindRetryDeadLetterLive(t *testing.T) {
 		`(function(){var n=document.querySelector('[data-testid="outbox-changes"]'); return n !== null && document.getElementById('outbox-changed').textContent.indexOf('dead letters') >= 0})()`)
 	waitJS(watcher, t, "no reload of the dashboard", `window.__notReloaded === true`)
 	waitJS(support, t, "no reload of the event page", `window.__notReloaded === true`)
+	if n, err := chromedp.Run(support, chromedp.Evaluate[int](`window.__oobNoTarget`)); err != nil || n != 0 {
+		t.Fatalf("the event page got %d fragments it has no target for (%v)", n, err)
+	}
 	if p := console.problems(); len(p) > 0 {
 		t.Fatalf("browser reported problems: %q", p)
 	}

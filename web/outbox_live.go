@@ -103,9 +103,11 @@ func parseMark(s string) (outboxMark, bool) {
 	return m, true
 }
 
-// watchURL is the /ws URL of an outbox page rendered at snapshot s.
+// watchURL is the /ws URL of an outbox page rendered at snapshot s: the
+// outbox's page kind, so the socket gets no dashboard fragment (the page has
+// no target for them), only a message per tick to compare the mark on.
 func watchURL(s live.Snapshot, withPending bool) string {
-	return "/ws?" + url.Values{"watch": {"outbox"}, "since": {markOf(s, withPending).String()},
+	return "/ws?" + url.Values{"page": {live.PageOutbox}, "watch": {"outbox"}, "since": {markOf(s, withPending).String()},
 		"at": {strconv.FormatInt(s.At.UnixMicro(), 10)}}.Encode()
 }
 

@@ -46,7 +46,7 @@ func (a *App) ws(c echo.Context) error {
 	// the role may not see is refused before the upgrade.
 	page := c.QueryParam("page")
 	switch page {
-	case live.PageDashboard:
+	case live.PageDashboard, live.PageOutbox: // every role that may open /ws sees them (PermView)
 	case live.PageJobs, live.PageAudit, live.PageApprovals:
 		need := auth.PermOutboxAct
 		switch page {
@@ -120,8 +120,12 @@ func (a *App) ws(c echo.Context) error {
 			return nil
 		case msg := <-client.Messages():
 			_ = conn.SetWriteDeadline(time.Now().Add(wsWriteTimeout))
-			if err := conn.WriteMessage(websocket.TextMessage, msg); err != nil {
-				return nil
+			// An empty message (PageOutbox) only says a snapshot was read:
+			// nothing to write but the notice.
+			if len(msg) > 0 {
+				if err := conn.WriteMessage(websocket.TextMessage, msg); err != nil {
+					return nil
+				}
 			}
 			if notice := a.outboxNotice(watch); notice != nil {
 				if err := conn.WriteMessage(websocket.TextMessage, notice); err != nil {

@@ -30,6 +30,10 @@ const (
 	PageJobs      = "jobs"
 	PageAudit     = "audit"     // the audit pages: the chain's verification state
 	PageApprovals = "approvals" // the approvals page: a signal to reload its list
+	// PageOutbox is the outbox pages (list and event): no fragment, but an
+	// empty message on subscribe and on every tick, after which their socket
+	// compares the newest snapshot with the page's own (web/outbox_live.go).
+	PageOutbox = "outbox"
 )
 
 // RenderFunc renders the dashboard's live fragments (out-of-band swaps) for
@@ -288,16 +292,18 @@ func (f *Feed) Step(ctx context.Context) error {
 			delete(f.frags, k)
 		}
 	}
-	if len(msgs) == 0 {
-		return nil
-	}
 	for c := range f.clients {
-		msg := msgs[c.page]
-		if msg == nil {
+		var msg []byte
+		switch {
+		case msgs[c.page] != nil:
+			msg = msgs[c.page].Bytes()
+		case c.page == PageOutbox:
+			msg = []byte{} // a snapshot was read: the tick itself is the news
+		default:
 			continue
 		}
 		select {
-		case c.send <- msg.Bytes():
+		case c.send <- msg:
 		default:
 			// A slow client is dropped, never buffered without bound; its
 			// browser reconnects and gets the full state again.
@@ -316,7 +322,8 @@ func (f *Feed) Subscribe(sessionHash string) *Client {
 }
 
 // SubscribePage adds a client of page for the session with this id hash:
-// it receives that page's fragments only, the full current state first.
+// it receives that page's fragments only, the full current state first
+// (PageOutbox: an empty message, once a snapshot has been read).
 func (f *Feed) SubscribePage(sessionHash, page string) *Client {
 	c := &Client{session: sessionHash, page: page, send: make(chan []byte, f.cfg.ClientBuffer), done: make(chan struct{})}
 	f.mu.Lock()
@@ -327,7 +334,7 @@ func (f *Feed) SubscribePage(sessionHash, page string) *Client {
 			full.Write(f.frags[k])
 		}
 	}
-	if full.Len() > 0 {
+	if full.Len() > 0 || (page == PageOutbox && f.haveFirst) {
 		c.send <- full.Bytes()
 	}
 	f.clients[c] = struct{}{}

@@ -82,6 +82,35 @@ func TestPagesGetTheirOwnFragments(t *testing.T) {
 	}
 }
 
+// The outbox pages have no fragment: their client gets an empty message on
+// subscribe (once a snapshot was read) and on every tick, even one that
+// changed no fragment, never another page's fragments.
+func TestOutboxPageGetsTicksNotFragments(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	f := live.New(constQuerier{pool}, nil, live.Config{Render: func(live.Snapshot, []live.Snapshot) ([]live.Fragment, error) {
+		return []live.Fragment{{ID: "tiles", HTML: []byte(`<div id="tiles"></div>`)}}, nil
+	}})
+	early := f.SubscribePage("s1", live.PageOutbox)
+	if n := len(early.Messages()); n != 0 {
+		t.Fatalf("%d messages before the first snapshot", n)
+	}
+	if err := f.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	late := f.SubscribePage("s1", live.PageOutbox)
+	if err := f.Step(ctx); err != nil { // the same fragments: nothing for the dashboard
+		t.Fatal(err)
+	}
+	for _, c := range []*live.Client{early, late} {
+		n := len(c.Messages())
+		if got := drain(c); n != 2 || got != "" {
+			t.Fatalf("outbox client: %d messages %q, want 2 empty", n, got)
+		}
+	}
+}
+
 // Poke reads a snapshot before the tick.
 func TestPokeWakesThePollerEarly(t *testing.T) {
 	t.Parallel()
