@@ -39,10 +39,16 @@ func Age(d time.Duration) string {
 // CountOf is n with its noun, singular for exactly one: "1 attempt",
 // "12,345 attempts".
 func CountOf(n int64, one, many string) string {
+	return Count(n) + " " + Plural(n, one, many)
+}
+
+// Plural is the noun for n things, for a number printed apart from it (in
+// its own element): one for exactly one, many otherwise.
+func Plural(n int64, one, many string) string {
 	if n == 1 {
-		return "1 " + one
+		return one
 	}
-	return Count(n) + " " + many
+	return many
 }
 
 // AndList joins words as a sentence does: "a", "a and b", "a, b and c".

@@ -57,7 +57,7 @@ func relayLastError(at time.Time, r outbox.RelayRow) string {
 	if r.Failing {
 		what = "failing: last failure "
 	}
-	return fmt.Sprintf("%s%s (%s failed attempts since it started): %s", what, agoText(at, *r.LastErrorAt), Count(r.Failed), r.LastError)
+	return fmt.Sprintf("%s%s (%s since it started): %s", what, agoText(at, *r.LastErrorAt), CountOf(r.Failed, "failed attempt", "failed attempts"), r.LastError)
 }
 
 // lastPublish is how long before at the relay last marked an event

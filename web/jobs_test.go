@@ -176,7 +176,7 @@ func TestBulkRetryDryRunThenJobInChunks(t *testing.T) {
 	if got := d.Find(`[data-testid="bulk-count"]`).Text(); got != "20,000" {
 		t.Errorf("dry run count %q, want 20,000", got)
 	}
-	if got := d.Find(`[data-testid="bulk-filter"]`).Text(); got != `dead events, on topic "bulk"` {
+	if got := d.Find(`[data-testid="bulk-filter"]`).Text(); got != `dead events on topic "bulk"` {
 		t.Errorf("filter in words %q", got)
 	}
 	var first []string

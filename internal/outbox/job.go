@@ -109,6 +109,18 @@ func kindAction(kind string) (action, error) {
 	return action{}, fmt.Errorf("%w: job kind %q is not one of retry, dead_letter, discard, replay", ErrInvalidAction, kind)
 }
 
+// JobStatus is the status of the events a job of kind acts on: dead for a
+// retry or a discard, pending for a dead-letter, published for a replay
+// ("" for an unknown kind). A job's filter without a status matches those
+// only, so this is what the filter selects, for the words that describe it.
+func JobStatus(kind string) string {
+	a, err := kindAction(kind)
+	if err != nil {
+		return ""
+	}
+	return a.from
+}
+
 // jobWhere is the filter of a job of kind a: f's conditions and the status
 // the action applies to. A status in f must agree with it (held is a kind of
 // pending; in flight is refused: those events would all be skipped).

@@ -1,0 +1,159 @@
+package web_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/chromedp"
+
+	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
+	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
+)
+
+// overflowJS measures the page against the viewport: how wide the document
+// is, the outermost elements that reach past the window's right edge (for
+// the failure message), and how many boxes hold content wider than
+// themselves (a table scrolling sideways in its panel).
+const overflowJS = `(() => {
+  const vw = window.innerWidth, wide = [];
+  const name = el => el.tagName.toLowerCase() + (typeof el.className === 'string' && el.className.trim() ? '.' + el.className.trim().replace(/\s+/g, '.') : '') +
+    (el.dataset && el.dataset.testid ? '[' + el.dataset.testid + ']' : '');
+  for (const el of document.querySelectorAll('body *')) {
+    const r = el.getBoundingClientRect();
+    if (r.right <= vw + 0.5 || (el.parentElement && el.parentElement.getBoundingClientRect().right > vw + 0.5)) continue;
+    wide.push((el.parentElement ? name(el.parentElement) + ' > ' : '') + name(el) + ' ' + Math.round(r.right) + 'px');
+  }
+  const scrolling = Array.from(document.querySelectorAll('.panel, .scroll')).filter(b => b.scrollWidth > b.clientWidth).length;
+  return JSON.stringify({doc: document.documentElement.scrollWidth, vw, wide: wide.slice(0, 8), scrolling});
+})()`
+
+// On a phone (400 CSS pixels) the page is never wider than the screen:
+// wide tables scroll sideways inside their own box (a panel, or the box
+// around a list's table), and the top bar, the filters and the panels stay
+// in view. The times read in Tokyo's zone, as on the reviewer's phone: the
+// longest local text ("12:57:38.779 AM GMT+9").
+func TestBrowserPhoneWidthKeepsPagesInTheViewport(t *testing.T) {
+	h, s := comfortHarness(t)
+	// The payment's page with its wide tables: provider calls, an event
+	// and an audit row.
+	if _, err := h.pool.Exec(context.Background(), `
+		INSERT INTO payment_provider_call (operation_id, op, started_at, duration_us, answer, error)
+		VALUES ($1, 'charge', now() - interval '3 minutes', 30000000, NULL, 'Post "http://provider.internal/charges": context deadline exceeded'),
+		       ($1, 'inquire', now() - interval '1 minute', 12000, 'unknown', NULL)`, s.op); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Insert(t, h.pool, outboxtest.Seed{Topic: "payments", AggregateType: "payment", AggregateID: s.op, EventType: "payment.unknown.v1"})
+	record(t, h, audit.Event{ActorSub: "sub-carol", ActorName: "Carol", ActorRoles: []string{"operator"}, Action: "payments.inquire",
+		TargetType: "payment", TargetID: s.op, Reason: "customer called support about the charge"})
+	ctx, console := newChrome(t)
+	tctx, cancel := context.WithTimeout(ctx, 4*time.Minute)
+	defer cancel()
+	if err := chromedp.Do(tctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		if _, err := cdp.Call(ctx, tg, emulation.SetLocaleOverride, emulation.SetLocaleOverrideParams{Locale: "en-US"}); err != nil {
+			return err
+		}
+		_, err := cdp.Call(ctx, tg, emulation.SetTimezoneOverride, emulation.SetTimezoneOverrideParams{TimezoneID: "Asia/Tokyo"})
+		return err
+	})); err != nil {
+		t.Fatal(err)
+	}
+	browserLogin(tctx, t, h, "admin")
+	if err := chromedp.Do(tctx, chromedp.EmulateViewport(400, 800)); err != nil {
+		t.Fatal(err)
+	}
+	// The pages the reviewer measured hold a table wider than the phone:
+	// it must scroll in its box, not be cut or squeezed out of sight.
+	wideTable := map[string]bool{"/audit": true, "/outbox": true, "/payments/" + s.op: true}
+	pages := []string{"/", "/audit", "/audit/" + strconv.FormatInt(s.seqs[0], 10), "/outbox", "/outbox?status=dead",
+		"/outbox/" + s.dead, "/payments", "/payments?status=unknown", "/payments/" + s.op, "/inbox", "/relays", "/jobs",
+		"/outbox/bulk", "/approvals"}
+	for _, path := range pages {
+		if err := chromedp.Do(tctx, chromedp.Navigate(h.base+path), chromedp.WaitVisible(chromedp.CSS(`[data-testid="nav"]`))); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if path == "/" {
+			waitJS(tctx, t, "the dead letter listed", `document.querySelectorAll('[data-testid="recent-dead"] li').length === 1`)
+		}
+		waitJS(tctx, t, path+": times localized", `Array.from(document.querySelectorAll('time[data-local]')).every(e => e.dataset.shown === e.getAttribute('datetime'))`)
+		raw, err := chromedp.Run(tctx, chromedp.Evaluate[string](overflowJS))
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		var m struct {
+			Doc, VW, Scrolling int
+			Wide               []string
+		}
+		if err := json.Unmarshal([]byte(raw), &m); err != nil {
+			t.Fatalf("%s: %v in %s", path, err, raw)
+		}
+		if m.VW != 400 {
+			t.Fatalf("%s: the window is %dpx wide, want the emulated 400px", path, m.VW)
+		}
+		if m.Doc > m.VW {
+			t.Errorf("%s: the page is %dpx wide on a %dpx screen; past the edge: %v", path, m.Doc, m.VW, m.Wide)
+		}
+		if wideTable[path] && m.Scrolling == 0 {
+			t.Errorf("%s: no table scrolls in its box; the check saw nothing wider than the phone", path)
+		}
+	}
+	// A swipe moves the audit table in its box; the page stays put.
+	if err := chromedp.Do(tctx, chromedp.Navigate(h.base+"/audit"), chromedp.WaitVisible(chromedp.CSS(`[data-testid="rows"]`))); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(tctx, t, "the audit table scrolls in its box", `(() => {
+		const box = document.querySelector('[data-testid="rows"]').parentElement;
+		box.scrollLeft = 100;
+		return box.scrollLeft > 0 && window.scrollX === 0 && document.documentElement.scrollWidth <= window.innerWidth;
+	})()`)
+	if p := console.problems(); len(p) > 0 {
+		t.Fatalf("browser reported problems: %q", p)
+	}
+}
+
+// The settlement page's heading names the file by its sha256 as sha256sum
+// prints it, in lower case: the heading's capitals (CSS) leave the hash as
+// it is, as read on screen (innerText follows text-transform).
+func TestBrowserSettlementHashShowsInLowerCase(t *testing.T) {
+	h := start(t, options{})
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{})
+	file := filepath.Join(t.TempDir(), "eod.csv")
+	if err := os.WriteFile(file, []byte(op.String()+",succeeded\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, console := newChrome(t)
+	tctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	browserLogin(tctx, t, h, "oncall")
+	if err := chromedp.Do(tctx, chromedp.Navigate(h.base+"/payments/settlements"),
+		chromedp.SetUploadFiles(chromedp.CSS(`#settlement-file`), []string{file}),
+		chromedp.Click(chromedp.CSS(`[data-testid="upload"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="sha256"]`))); err != nil {
+		t.Fatal(err)
+	}
+	shown, err := chromedp.Run(tctx, chromedp.Evaluate[string](`document.querySelector('[data-testid="sha256"]').innerText`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^sha256:[0-9a-f]{64}$`).MatchString(shown) {
+		t.Errorf("the heading shows the hash as %q, want sha256:<64 lower-case hex digits>", shown)
+	}
+	heading, err := chromedp.Run(tctx, chromedp.Evaluate[string](`document.querySelector('[data-testid="diff"] h2').innerText`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "DRY RUN " + shown; heading != want {
+		t.Errorf("heading %q, want %q (the words in capitals, the hash as it is)", heading, want)
+	}
+	if p := console.problems(); len(p) > 0 {
+		t.Fatalf("browser reported problems: %q", p)
+	}
+}
