@@ -266,11 +266,10 @@ func TestOutboxPageHearsChangesOverItsSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	// Nothing changed yet: frames come (the dashboard's), no notice.
-	testkit.Eventually(t, "a few frames without a notice", func() (bool, error) {
-		frames, err := readFrames(conn, 2)
-		return err == nil && !strings.Contains(frames, "outbox-changes"), err
-	})
+	// Nothing changed yet: a few ticks pass (and no frame comes, see
+	// TestOutboxPagesSocketGetsNoDashboardFragments).
+	_, t0 := h.app.Feed().Stats()
+	testkit.Eventually(t, "a few ticks", func() (bool, error) { _, t1 := h.app.Feed().Stats(); return t1 >= t0+2, nil })
 	if _, err := h.pool.Exec(context.Background(), `UPDATE outbox_event SET status = 'pending', dead_at = NULL WHERE id = $1`, dead); err != nil {
 		t.Fatal(err)
 	}
@@ -288,4 +287,117 @@ func TestOutboxPageHearsChangesOverItsSocket(t *testing.T) {
 		return n.Length() == 1 && strings.Contains(n.Text(), "loaded: dead letters 1 → 0") && !strings.Contains(n.Text(), " ,") &&
 			!strings.Contains(n.Text(), " .") && n.Find(`[data-testid="reload"]`).Length() == 1, nil
 	})
+}
+
+// The outbox pages' socket carries their notice only, never the dashboard's
+// fragments (they have no target there: htmx:oobErrorNoTarget in the
+// browser's console on every tick): no frame at all while the figures a page
+// shows stay put, then the notice when they move.
+func TestOutboxPagesSocketGetsNoDashboardFragments(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{tick: 100 * time.Millisecond})
+	dead := plant(t, h, planted{status: "dead"})
+	b := newBrowser(t)
+	h.login(t, b, "support", "support", "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var frames []chan string
+	for _, path := range []string{"/outbox", "/outbox/" + dead.String()} {
+		_, body := b.get(t, h.base+path, "text/html")
+		conn, err := h.dialPath(t, b, doc(t, body).Find(`[ws-connect]`).AttrOr("ws-connect", ""))
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		defer conn.Close()
+		ch := make(chan string, 16)
+		go func() {
+			defer close(ch)
+			for {
+				_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
+				_, msg, err := conn.ReadMessage()
+				if err != nil {
+					return
+				}
+				select {
+				case ch <- string(msg):
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+		frames = append(frames, ch)
+	}
+	testkit.Eventually(t, "both sockets subscribed", func() (bool, error) { return h.app.Feed().Clients() == 2, nil })
+	_, t0 := h.app.Feed().Stats()
+	testkit.Eventually(t, "five ticks", func() (bool, error) { _, t1 := h.app.Feed().Stats(); return t1 >= t0+5, nil })
+	for i, ch := range frames {
+		select {
+		case f := <-ch:
+			t.Fatalf("page %d got a frame while nothing it shows moved: %.300s", i, f)
+		default:
+		}
+	}
+	if _, err := h.pool.Exec(ctx, `UPDATE outbox_event SET status = 'pending', dead_at = NULL WHERE id = $1`, dead); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := outbox.RecountBacklog(ctx, h.pool); err != nil { // a status changed by hand
+		t.Fatal(err)
+	}
+	for i, ch := range frames {
+		for {
+			f, ok := <-ch
+			if !ok {
+				t.Fatalf("page %d: the socket ended before the notice", i)
+			}
+			d := doc(t, f)
+			if other := d.Find(`[hx-swap-oob]:not(#outbox-changed)`); other.Length() > 0 {
+				t.Fatalf("page %d got a fragment it has no target for: %.300s", i, f)
+			}
+			if strings.Contains(d.Find(`#outbox-changed`).Text(), "dead letters 1 → 0") {
+				break
+			}
+		}
+	}
+}
+
+// An event's page keeps the deaths that retries undid: the retry clears the
+// row's dead_at and restarts its attempts, and the timeline read only the
+// row, so an event dead after 5 attempts and retried read "created → retry
+// by oncall → dead" — a retry of an event that had never failed. The
+// retry's audit row keeps what it undid.
+func TestTheTimelineKeepsTheDeathARetryUndid(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	id := plant(t, h, planted{status: "dead", attempts: 5, lastError: "refused"})
+	if _, err := h.pool.Exec(context.Background(), `UPDATE outbox_event SET dead_at = now() - interval '1 minute', dead_reason = 'attempts exhausted' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	b, token := h.signedIn(t, "oncall")
+	resp, _ := h.postForm(t, b, "/outbox/"+id.String()+"/retry", url.Values{"csrf_token": {token}, "expected": {"dead"}})
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("retry: %d", resp.StatusCode)
+	}
+	// It fails twice more and dies again, as the relay would leave it.
+	if _, err := h.pool.Exec(context.Background(), `UPDATE outbox_event SET status = 'dead', attempts = 2, dead_at = now(), dead_reason = 'attempts exhausted' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	_, body := b.get(t, h.base+"/outbox/"+id.String(), "text/html")
+	var lines []string
+	doc(t, body).Find(`[data-testid="timeline"] li`).Each(func(_ int, s *goquery.Selection) {
+		lines = append(lines, strings.Join(strings.Fields(s.Text()), " "))
+	})
+	want := []string{"created", "5 publish attempts, then dead", "retry by oncall", "2 publish attempts since the last retry", "dead"}
+	if len(lines) != len(want) {
+		t.Fatalf("timeline %q, want %d lines like %q", lines, len(want), want)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Fatalf("timeline line %d is %q, want it to start %q (all: %q)", i, lines[i], w, lines)
+		}
+	}
+	// The event's trace has both deaths too.
+	_, trace := b.get(t, h.base+"/trace/event/"+id.String(), "text/html")
+	if text := doc(t, trace).Text(); !strings.Contains(text, "Event dead-lettered (undone by the retry") || strings.Count(text, "Event dead-lettered") != 2 {
+		t.Fatalf("the trace does not show both deaths: %q", strings.Join(strings.Fields(text), " "))
+	}
 }

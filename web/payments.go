@@ -269,6 +269,17 @@ func (a *App) paymentData(ctx context.Context, c echo.Context, op uuid.UUID) (vi
 	if d.Audit, err = audit.ForTarget(ctx, a.pool, auditTargetPayment, op.String(), paymentAuditRows); err != nil {
 		return d, err
 	}
+	if p.ResolvedBy != "" {
+		names, settledBy := views.StaffNames{}, ""
+		names.AddApprovals(d.Approvals)
+		for _, e := range d.Audit {
+			names.Add(e.ActorIss, e.ActorSub, e.ActorName)
+			if e.Action == payments.ActionSettle && e.Outcome == audit.OutcomeOK {
+				settledBy = e.ActorName
+			}
+		}
+		d.ResolvedBy = views.ResolvedBy(p.ResolvedBy, names, settledBy)
+	}
 	if err := a.pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&d.ReadAt); err != nil {
 		return d, err
 	}

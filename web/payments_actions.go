@@ -23,7 +23,7 @@ import (
 const (
 	actionInquire        = "payments.inquire"
 	actionResolve        = "payments.resolve"
-	actionResolveRequest = "payments.resolve_request"
+	actionResolveRequest = payments.ActionResolveRequest
 	actionApprove        = "payments.approve"
 	actionReject         = "payments.reject"
 )

@@ -221,6 +221,11 @@ func TestFourEyesAboveThreshold(t *testing.T) {
 		t.Fatalf("after the approval: %+v", e)
 	}
 	paymentstest.CheckBooks(t, h.pool, acc)
+	// The page names both operators (resolved_by keeps their ids).
+	_, page = admin.get(t, h.base+"/payments/"+op.String(), "text/html")
+	if got := strings.Join(strings.Fields(doc(t, page).Find(`[data-testid="resolved-by"]`).Text()), " "); !strings.HasPrefix(got, "operator oncall, approved by admin") {
+		t.Fatalf("resolved by %q, want the two operators' names", got)
+	}
 	// Approving again: decided already.
 	resp, _ = h.postForm(t, admin, fmt.Sprintf("/approvals/%d/approve", id), url.Values{"csrf_token": {adminToken}})
 	if resp.StatusCode != http.StatusConflict {
@@ -711,4 +716,78 @@ func TestInquireResolutionAndAuditAreOne(t *testing.T) {
 	if n := h.countAudit(t, `action = 'payments.inquire' AND outcome = 'ok' AND target_id = $1`, op.String()); n != 0 {
 		t.Fatalf("%d ok audit rows", n)
 	}
+}
+
+// A settlement file cannot move an amount above the four-eyes threshold on
+// one operator's word (a reviewer hand-wrote a one-line file and completed
+// a 413.37 payment with no second approval): its line becomes a request on
+// Approvals, audited as the uploader's, and a second operator's approval
+// resolves it with the line's provider reference. Lines below the
+// threshold apply at once, as before.
+func TestSettlementAboveTheThresholdWaitsForASecondOperator(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{configure: func(c *web.Config) { c.FourEyesAbove = decimal.RequireFromString("100.00") }})
+	small, acc := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "50.00"})
+	big, accBig := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "413.37"})
+	admin, adminToken := h.signedIn(t, "admin")
+
+	_, page := admin.get(t, h.base+"/payments/settlements", "text/html")
+	if note := doc(t, page).Find(`[data-testid="settlement-four-eyes"]`).Text(); !strings.Contains(note, "100.00") {
+		t.Fatalf("the page does not say what the threshold does: %q", note)
+	}
+	file := small.String() + ",succeeded,ref-small\n" + big.String() + ",succeeded,ch_9\n"
+	resp, body := h.upload(t, admin, adminToken, file)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("upload: %d", resp.StatusCode)
+	}
+	dry := map[string]string{}
+	d := doc(t, body)
+	d.Find(`[data-testid="diff-row"]`).Each(func(i int, s *goquery.Selection) { dry[s.AttrOr("data-result", "")] = s.Text() })
+	if !strings.Contains(dry[payments.LineResolved], "would resolve") || !strings.Contains(dry[payments.LineAwaiting], "second operator") {
+		t.Fatalf("dry run: %v", dry)
+	}
+	sha := d.Find(`input[name="confirm_sha256"]`).AttrOr("value", "")
+	resp, body = h.confirm(t, admin, adminToken, sha)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(doc(t, body).Find(`[data-testid="notice"]`).Text(), "1 request above the four-eyes threshold") {
+		t.Fatalf("apply: %d %q", resp.StatusCode, doc(t, body).Find(`[data-testid="notice"]`).Text())
+	}
+	if e := h.effectsOf(t, small); e.status != "completed" {
+		t.Fatalf("the line below the threshold: %+v", e)
+	}
+	if e := h.effectsOf(t, big); e.status != "unknown" || e.ledger != 0 || e.reservation != "active" {
+		t.Fatalf("the line above the threshold moved the payment: %+v", e)
+	}
+	if n := h.countAudit(t, `action = 'payments.resolve_request' AND outcome = 'ok' AND target_id = $1 AND actor_name = 'admin' AND evidence LIKE $2`,
+		big.String(), "settlement sha256:"+sha+" line 2"); n != 1 {
+		t.Fatalf("%d request audit rows naming the file's line, want 1", n)
+	}
+
+	// The uploader cannot approve it; a second operator can.
+	_, list := admin.get(t, h.base+"/approvals", "text/html")
+	if doc(t, list).Find(`[data-testid="own-request"]`).Length() != 1 || doc(t, list).Find(`[data-testid="approve"]`).Length() != 0 {
+		t.Fatal("the uploader is offered their own file's request to approve")
+	}
+	oncall, oncallToken := h.signedIn(t, "oncall")
+	_, list = oncall.get(t, h.base+"/approvals", "text/html")
+	row := doc(t, list).Find(`[data-testid="approval-row"]`)
+	if !strings.Contains(row.Find(`[data-testid="approval-evidence"]`).Text(), "ch_9") {
+		t.Fatalf("the request's evidence does not name the line's reference: %q", row.Text())
+	}
+	resp, _ = h.postForm(t, oncall, "/approvals/"+row.AttrOr("data-id", "")+"/approve", url.Values{"csrf_token": {oncallToken}})
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("approve: %d", resp.StatusCode)
+	}
+	if e := h.effectsOf(t, big); e.status != "completed" || e.ledger != 1 {
+		t.Fatalf("after the approval: %+v", e)
+	}
+	var ref string
+	if err := h.pool.QueryRow(context.Background(), `SELECT provider_ref FROM payment WHERE operation_id = $1`, big).Scan(&ref); err != nil || ref != "ch_9" {
+		t.Fatalf("provider reference %q, want the line's (%v)", ref, err)
+	}
+	_, page = oncall.get(t, h.base+"/payments/"+big.String(), "text/html")
+	if got := strings.Join(strings.Fields(doc(t, page).Find(`[data-testid="resolved-by"]`).Text()), " "); !strings.HasPrefix(got, "operator admin, approved by oncall") {
+		t.Fatalf("resolved by %q", got)
+	}
+	paymentstest.CheckBooks(t, h.pool, acc)
+	paymentstest.CheckBooks(t, h.pool, accBig)
 }

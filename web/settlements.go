@@ -34,7 +34,21 @@ var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // settlementForm is GET /payments/settlements.
 func (a *App) settlementForm(c echo.Context) error {
-	return render(c, http.StatusOK, views.SettlementPage(a.page(c, "Settlement file", "/payments"), views.SettlementData{}))
+	return render(c, http.StatusOK, views.SettlementPage(a.page(c, "Settlement file", "/payments"), a.settlementData()))
+}
+
+// settlementData is the page's data before a file: the four-eyes
+// threshold its text names.
+func (a *App) settlementData() views.SettlementData {
+	return views.SettlementData{FourEyesAbove: a.cfg.FourEyesAbove.StringFixed(2)}
+}
+
+// settlementFourEyes keeps the four-eyes rule for a file applied by sess:
+// a line that would resolve a payment above the threshold becomes a
+// request for a second operator, as a typed resolution does; otherwise a
+// hand-written file would move any amount on one operator's word.
+func (a *App) settlementFourEyes(sess *auth.Session) *payments.SettlementFourEyes {
+	return &payments.SettlementFourEyes{Above: a.cfg.FourEyesAbove, RequestedBy: staffID(sess), RequesterName: sess.Name}
 }
 
 // settlementUpload is POST /payments/settlements. With a file: it is read
@@ -75,9 +89,10 @@ func (a *App) settlementUpload(c echo.Context) error {
 		return render(c, http.StatusUnprocessableEntity, views.SettlementPage(page, d))
 	}
 	ctx := c.Request().Context()
-	var d views.SettlementData
+	d := a.settlementData()
 	if _, err := payments.ApplySettlement(ctx, a.pool, bytes.NewReader(body), payments.SettlementOptions{
-		DryRun: true, Report: func(l payments.SettlementLine) { d.Lines = append(d.Lines, l); d.SHA256 = l.FileSHA256 },
+		DryRun: true, FourEyes: a.settlementFourEyes(auth.SessionFrom(c)),
+		Report: func(l payments.SettlementLine) { d.Lines = append(d.Lines, l); d.SHA256 = l.FileSHA256 },
 	}); err != nil {
 		return err
 	}
@@ -95,7 +110,7 @@ func settlementProblem(_ payments.SettlementFile, err error) (views.SettlementDa
 	case err == nil:
 		return views.SettlementData{}, false
 	case errors.As(err, &serr):
-		return views.SettlementData{Problem: fmt.Sprintf("%d invalid line(s): nothing was applied. Fix them and upload the file again.", len(serr.Problems)),
+		return views.SettlementData{Problem: views.CountOf(int64(len(serr.Problems)), "invalid line", "invalid lines") + ": nothing was applied. Fix them and upload the file again.",
 			Problems: serr.Problems}, true
 	case errors.Is(err, payments.ErrEmptySettlement):
 		return views.SettlementData{Problem: "The file has no settlement lines: nothing was applied."}, true
@@ -127,10 +142,12 @@ func (a *App) settlementApply(c echo.Context, sha string) error {
 	}
 	sess := auth.SessionFrom(c)
 	base := a.actorEvent(c, sess, payments.ActionSettle, auditTargetPayment, "")
-	d := views.SettlementData{SHA256: sha, Applied: true}
+	d := a.settlementData()
+	d.SHA256, d.Applied = sha, true
 	_, err = payments.ApplySettlement(ctx, a.pool, bytes.NewReader(up.Body), payments.SettlementOptions{
 		Source: "console sha256:" + sha, Topic: a.cfg.PaymentsTopic, Poker: livePoker{a, context.WithoutCancel(ctx)},
-		Report: func(l payments.SettlementLine) { d.Lines = append(d.Lines, l) },
+		FourEyes: a.settlementFourEyes(sess),
+		Report:   func(l payments.SettlementLine) { d.Lines = append(d.Lines, l) },
 		OnLine: func(ctx context.Context, tx pgx.Tx, l payments.SettlementLine) error {
 			if l.FileSHA256 != sha { // the kept bytes are the confirmed file
 				return fmt.Errorf("web: settlement bytes hash to %s, not the confirmed %s", l.FileSHA256, sha)
@@ -145,13 +162,21 @@ func (a *App) settlementApply(c echo.Context, sha string) error {
 	if err := payments.MarkSettlementApplied(ctx, a.pool, sha); err != nil {
 		return err
 	}
-	n := 0
+	n, held := 0, 0
 	for _, l := range d.Lines {
-		if l.Result == payments.LineResolved {
+		switch {
+		case l.Result == payments.LineResolved:
 			n++
+		case l.Result == payments.LineAwaiting && l.ApprovalID != 0:
+			held++
 		}
 	}
 	a.metrics.actions.WithLabelValues(payments.ActionSettle, audit.OutcomeOK).Add(float64(n))
-	d.Notice = fmt.Sprintf("Applied: %d unknown payment(s) settled, each with its audit row naming this file's hash.", n)
+	a.metrics.actions.WithLabelValues(payments.ActionResolveRequest, audit.OutcomeOK).Add(float64(held))
+	d.Notice = "Applied: " + views.CountOf(int64(n), "unknown payment", "unknown payments") + " settled, each with its audit row naming this file's hash."
+	if held > 0 {
+		d.Notice += " " + views.CountOf(int64(held), "request", "requests") + " above the four-eyes threshold now " +
+			views.Plural(int64(held), "waits", "wait") + " for a second operator on Approvals."
+	}
 	return render(c, http.StatusOK, views.SettlementPage(page, d))
 }

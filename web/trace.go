@@ -174,7 +174,10 @@ func (a *App) tracePayment(ctx context.Context, b *traceBuilder, op uuid.UUID, o
 		}
 	}
 	if p.ResolvedAt != nil {
-		b.add(*p.ResolvedAt, "operator", "Payment resolved by an operator", "now "+string(p.Status)+" · by "+p.ResolvedBy, payURL, "Payment")
+		names := views.StaffNames{}
+		names.AddApprovals(approvals)
+		b.add(*p.ResolvedAt, "operator", "Payment resolved by "+views.ResolvedByWhom(p.ResolvedBy),
+			"now "+string(p.Status)+" · by "+views.ResolvedBy(p.ResolvedBy, names, ""), payURL, "Payment")
 	} else if p.Status != payments.StatusProcessing && p.Status != payments.StatusUnknown {
 		b.add(p.UpdatedAt, "payment", "Payment "+string(p.Status), "", payURL, "Payment")
 	}
@@ -261,7 +264,7 @@ func (a *App) traceEvents(ctx context.Context, b *traceBuilder, events []outbox.
 		b.add(r.ProcessedAt, "inbox", "Consumer "+r.Consumer+" inbox row", "message "+short(r.MessageID)+" recorded once", "/inbox", "Inbox")
 		if r.EffectAt != nil {
 			b.add(*r.EffectAt, "effect", "Consumer "+r.Consumer+" effect applied",
-				fmt.Sprintf("message %s · %d effect row(s)", short(r.MessageID), r.Effects), "/inbox", "Inbox")
+				"message "+short(r.MessageID)+" · "+views.CountOf(int64(r.Effects), "effect row", "effect rows"), "/inbox", "Inbox")
 		}
 	}
 	return b.addAudit(ctx, a, auditTargetOutbox, ids...)
@@ -306,6 +309,12 @@ func (b *traceBuilder) addAudit(ctx context.Context, a *App, targetType string, 
 			detail += " · reason: " + e.Reason
 		}
 		b.add(e.OccurredAt, "audit", fmt.Sprintf("Audit #%d %s by %s", e.Seq, e.Action, who), detail, link, text)
+		// A retry cleared the death it undid from the event's row; its
+		// audit row keeps it.
+		if dead, ok := views.DiedBefore(e); ok && dead.DeadAt != nil {
+			b.add(*dead.DeadAt, "event", "Event dead-lettered (undone by the retry of audit #"+strconv.FormatInt(e.Seq, 10)+")",
+				views.CountOf(int64(dead.Attempts), "publish attempt", "publish attempts")+" before · "+dead.DeadReason, link, text)
+		}
 	}
 	return nil
 }

@@ -78,7 +78,7 @@ func (c *Console) Register(f *Flags) {
 	f.Duration(&c.WarnReconcileAge, "warn-reconcile-age", "CONSOLE_WARN_RECONCILE_AGE", web.DefaultWarnReconcileAge, "the dashboard flags the oldest unknown payment from this age")
 	f.Int(&c.WarnDead, "warn-dead", "CONSOLE_WARN_DEAD", web.DefaultWarnDead, "the dashboard flags dead letters from this many")
 	f.Int(&c.BulkRecentLogin, "bulk-recent-login-above", "CONSOLE_BULK_RECENT_LOGIN_ABOVE", web.DefaultBulkRecentLogin, "a bulk action matching more events than this needs a recent sign-in (CONSOLE_RECENT_LOGIN)")
-	f.String(&c.FourEyesAbove, "four-eyes-above", "CONSOLE_FOUR_EYES_ABOVE", web.DefaultFourEyesAbove, "resolving an unknown payment above this amount needs a second operator's approval")
+	f.String(&c.FourEyesAbove, "four-eyes-above", "CONSOLE_FOUR_EYES_ABOVE", web.DefaultFourEyesAbove, "resolving an unknown payment above this amount (typed, or by a line of a settlement file uploaded in the console) needs a second operator's approval")
 	f.String(&c.ProviderURL, "provider-url", "PROVIDER_URL", "", "payment provider the console's inquire action asks (empty: no inquire action)")
 	f.Duration(&c.ProviderTimeout, "provider-timeout", "PROVIDER_TIMEOUT", provider.DefaultTimeout, "give up on one provider inquiry after this long")
 	f.Duration(&c.RecentLogin, "recent-login", "CONSOLE_RECENT_LOGIN", web.DefaultRecentLogin, "how old a sign-in may be for actions that need a recent one; older: sign in again")

@@ -86,6 +86,10 @@ type State struct {
 	AvailableAt   time.Time `json:"available_at"`
 	DeadReason    string    `json:"dead_reason,omitempty"`
 	DiscardReason string    `json:"discard_reason,omitempty"`
+	// DeadAt is when a dead event died. A retry clears it on the row, so
+	// the retry's audit row (its before) is where the event page's
+	// timeline still finds the death it undid.
+	DeadAt *time.Time `json:"dead_at,omitempty"`
 }
 
 // Change is one operator action's effect on one event.
@@ -183,10 +187,10 @@ func (a action) check(expected, reason string) error {
 }
 
 const stateColumns = `status, coalesce(status = 'pending' AND locked_until > clock_timestamp(), false) AS in_flight,
-	       attempts, available_at, coalesce(dead_reason, '') AS dead_reason, coalesce(discard_reason, '') AS discard_reason`
+	       attempts, available_at, coalesce(dead_reason, '') AS dead_reason, coalesce(discard_reason, '') AS discard_reason, dead_at`
 
 // stateOf reads stateColumns back from an action's countedUpdate.
-const stateOf = `u.status, u.in_flight, u.attempts, u.available_at, u.dead_reason, u.discard_reason`
+const stateOf = `u.status, u.in_flight, u.attempts, u.available_at, u.dead_reason, u.discard_reason, u.dead_at`
 
 // updateSQL is an action's UPDATE of the rows in where (besides the action's
 // own condition). It writes the backlog delta of the status it changes in
@@ -198,7 +202,7 @@ func (a action) updateSQL(where, returning string) string {
 }
 
 func (s *State) scanTargets() []any {
-	return []any{&s.Status, &s.InFlight, &s.Attempts, &s.AvailableAt, &s.DeadReason, &s.DiscardReason}
+	return []any{&s.Status, &s.InFlight, &s.Attempts, &s.AvailableAt, &s.DeadReason, &s.DiscardReason, &s.DeadAt}
 }
 
 // act runs a on one event as compare-and-set on expected. The row is read

@@ -36,6 +36,7 @@ type Approval struct {
 	Outcome       Outcome
 	Reason        string
 	Evidence      string
+	ProviderRef   string // from a settlement file's line, set on the payment when approved
 	RequestedBy   string // iss|sub
 	RequesterName string
 	RequestedAt   time.Time
@@ -55,17 +56,18 @@ type ApprovalRequest struct {
 	Outcome       Outcome
 	Reason        string
 	Evidence      string
+	ProviderRef   string // a settlement file's line's reference, if any
 	RequestedBy   string // iss|sub: no PII
 	RequesterName string
 }
 
-const approvalCols = `a.id, a.operation_id, a.outcome, a.reason, a.evidence, a.requested_by, a.requester_name, a.requested_at,
+const approvalCols = `a.id, a.operation_id, a.outcome, a.reason, a.evidence, a.provider_ref, a.requested_by, a.requester_name, a.requested_at,
 	a.state, coalesce(a.decided_by, ''), coalesce(a.decider_name, ''), a.decided_at, p.amount::text, p.currency, p.status`
 
 func scanApproval(row pgx.Row) (Approval, error) {
 	var a Approval
 	var outcome, amount, status string
-	err := row.Scan(&a.ID, &a.OperationID, &outcome, &a.Reason, &a.Evidence, &a.RequestedBy, &a.RequesterName, &a.RequestedAt,
+	err := row.Scan(&a.ID, &a.OperationID, &outcome, &a.Reason, &a.Evidence, &a.ProviderRef, &a.RequestedBy, &a.RequesterName, &a.RequestedAt,
 		&a.State, &a.DecidedBy, &a.DeciderName, &a.DecidedAt, &amount, &a.Currency, &status)
 	if err != nil {
 		return Approval{}, notFound(err)
@@ -97,11 +99,11 @@ func RequestResolve(ctx context.Context, tx pgx.Tx, r ApprovalRequest) (Approval
 	}
 	var id int64
 	err = tx.QueryRow(ctx, `
-		INSERT INTO payment_approval (operation_id, outcome, reason, evidence, requested_by, requester_name)
-		VALUES (@op, @outcome, @reason, @evidence, @by, @name)
+		INSERT INTO payment_approval (operation_id, outcome, reason, evidence, provider_ref, requested_by, requester_name)
+		VALUES (@op, @outcome, @reason, @evidence, @ref, @by, @name)
 		ON CONFLICT (operation_id) WHERE state = 'pending' DO NOTHING
 		RETURNING id`, pgx.NamedArgs{"op": r.OperationID, "outcome": string(r.Outcome), "reason": r.Reason,
-		"evidence": r.Evidence, "by": r.RequestedBy, "name": r.RequesterName}).Scan(&id)
+		"evidence": r.Evidence, "ref": r.ProviderRef, "by": r.RequestedBy, "name": r.RequesterName}).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Approval{}, ErrApprovalPending
 	}
@@ -154,7 +156,7 @@ func Decide(ctx context.Context, tx pgx.Tx, d Decision) (Approval, Payment, erro
 	}
 	var p Payment
 	if d.Approve {
-		p, err = Resolve(ctx, tx, a.OperationID, a.Outcome, ResolveOptions{
+		p, err = Resolve(ctx, tx, a.OperationID, a.Outcome, ResolveOptions{ProviderRef: a.ProviderRef,
 			ResolvedBy: "operator:" + a.RequestedBy + " approved by " + d.DecidedBy, Topic: d.Topic})
 		if err != nil {
 			return a, Payment{}, err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
 
 	"github.com/sluice-dev/sluice/internal/db"
 )
@@ -27,6 +28,10 @@ const (
 	LineDiscrepancy = "discrepancy" // the payment is final with the other outcome: recorded for an operator, nothing changed
 	LineProcessing  = "processing"  // still in flight; apply the file again later
 	LineNotFound    = "not_found"   // the provider reports a charge we have no payment for
+	// LineAwaiting: the line would resolve a payment above the four-eyes
+	// threshold (SettlementOptions.FourEyes): a second operator approves or
+	// rejects it; the payment stays unknown until then.
+	LineAwaiting = "awaiting_approval"
 )
 
 // Errors of ParseSettlement (and so of ApplySettlement, before it changes
@@ -196,6 +201,7 @@ type SettlementLine struct {
 	Result      string
 	Message     string
 	FileSHA256  string // of the whole file: the evidence's identity
+	ApprovalID  int64  // LineAwaiting: the four-eyes request (0: one was waiting already)
 }
 
 // SettlementSummary counts the lines by result.
@@ -214,6 +220,24 @@ type SettlementOptions struct {
 	// naming the file and who applied it) commits with the line or not at
 	// all, and its error rolls the line back and stops the file.
 	OnLine func(ctx context.Context, tx pgx.Tx, l SettlementLine) error
+	// FourEyes, when set, keeps the console's four-eyes rule for files: a
+	// line that would resolve a payment of a larger amount records a
+	// request for a second operator instead (RequestResolve), by whoever
+	// applies the file. Without it (the command line, run by whoever holds
+	// the database's credentials) every line applies.
+	FourEyes *SettlementFourEyes
+}
+
+// SettlementFourEyes is the threshold and who asks.
+type SettlementFourEyes struct {
+	Above         decimal.Decimal // CONSOLE_FOUR_EYES_ABOVE
+	RequestedBy   string          // iss|sub of the operator applying the file
+	RequesterName string
+}
+
+// holds says whether a line about p waits for a second operator.
+func (f *SettlementFourEyes) holds(p Payment) bool {
+	return f != nil && p.Status == StatusUnknown && p.Amount.GreaterThan(f.Above)
 }
 
 // ApplySettlement reads a provider settlement file whole (ParseSettlement)
@@ -238,7 +262,7 @@ func ApplySettlement(ctx context.Context, b DB, r io.Reader, o SettlementOptions
 		}
 		var l SettlementLine
 		if o.DryRun {
-			l, err = planLine(ctx, b, f, e)
+			l, err = planLine(ctx, b, f, e, o)
 		} else {
 			l, err = applyLine(ctx, b, f, e, o)
 		}
@@ -278,7 +302,7 @@ func classify(l *SettlementLine, cur Payment, want Status) {
 }
 
 // planLine is the dry run of applyLine: reads only.
-func planLine(ctx context.Context, q db.RowQuerier, f SettlementFile, e SettlementEntry) (SettlementLine, error) {
+func planLine(ctx context.Context, q db.RowQuerier, f SettlementFile, e SettlementEntry, o SettlementOptions) (SettlementLine, error) {
 	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome, FileSHA256: f.SHA256}
 	cur, err := Get(ctx, q, e.OperationID)
 	switch {
@@ -287,6 +311,11 @@ func planLine(ctx context.Context, q db.RowQuerier, f SettlementFile, e Settleme
 		return l, nil
 	case err != nil:
 		return l, fmt.Errorf("payments: read %s: %w", e.OperationID, err)
+	}
+	if o.FourEyes.holds(cur) {
+		l.Result, l.Message = LineAwaiting, fmt.Sprintf("above the four-eyes threshold (%s): would ask a second operator to approve unknown → %s",
+			o.FourEyes.Above.StringFixed(2), statusOf(e.Outcome))
+		return l, nil
 	}
 	if cur.Status == StatusUnknown {
 		l.Result, l.Message = LineResolved, "would resolve unknown → "+string(statusOf(e.Outcome))
@@ -332,6 +361,12 @@ func applyLine(ctx context.Context, b DB, f SettlementFile, e SettlementEntry, o
 // applyEntry applies one line in tx and says what it did in l.
 func applyEntry(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEntry, o SettlementOptions, now *time.Time, resolveNow time.Time, l *SettlementLine) error {
 	l.Result, l.Message = "", ""
+	if o.FourEyes != nil {
+		held, err := requestLine(ctx, tx, f, e, o, l)
+		if held || err != nil {
+			return err
+		}
+	}
 	p, err := Resolve(ctx, tx, e.OperationID, e.Outcome, ResolveOptions{ProviderRef: e.ProviderRef, ResolvedBy: "settlement:" + o.Source, Topic: o.Topic, Now: resolveNow})
 	switch {
 	case err == nil:
@@ -362,4 +397,37 @@ func applyEntry(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEn
 		l.Message += " (already open)"
 	}
 	return nil
+}
+
+// requestLine records a four-eyes request for a line about an unknown
+// payment above the threshold (held: the line is done). Anything else is
+// left to applyEntry: a payment that is not unknown, or not found.
+func requestLine(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEntry, o SettlementOptions, l *SettlementLine) (held bool, err error) {
+	cur, err := Get(ctx, tx, e.OperationID)
+	if errors.Is(err, ErrNotFound) || (err == nil && !o.FourEyes.holds(cur)) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("payments: read %s: %w", e.OperationID, err)
+	}
+	evidence := fmt.Sprintf("settlement %s sha256:%s line %d", o.Source, f.SHA256, e.Line)
+	if e.ProviderRef != "" {
+		evidence += ", provider reference " + e.ProviderRef
+	}
+	a, err := RequestResolve(ctx, tx, ApprovalRequest{OperationID: e.OperationID, Outcome: e.Outcome,
+		Reason:   fmt.Sprintf("the provider's settlement file says %s (line %d)", e.Outcome, e.Line),
+		Evidence: evidence, ProviderRef: e.ProviderRef,
+		RequestedBy: o.FourEyes.RequestedBy, RequesterName: o.FourEyes.RequesterName})
+	switch {
+	case err == nil:
+		l.Result, l.ApprovalID = LineAwaiting, a.ID
+		l.Message = fmt.Sprintf("above the four-eyes threshold: request #%d waits for a second operator (unknown → %s)", a.ID, statusOf(e.Outcome))
+		return true, nil
+	case errors.Is(err, ErrApprovalPending):
+		l.Result, l.Message = LineAwaiting, "a four-eyes request for this payment already waits for a second operator"
+		return true, nil
+	case errors.Is(err, ErrNotUnknown):
+		return false, nil // resolved meanwhile: the line classifies it
+	}
+	return false, err
 }

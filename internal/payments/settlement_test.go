@@ -9,6 +9,10 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/sluice-dev/sluice/internal/db"
 
 	"github.com/sluice-dev/sluice/internal/payments/provider"
 )
@@ -235,6 +239,83 @@ func TestSettlementDryRunChangesNothing(t *testing.T) {
 	if d.OperationID != failed || d.Source != DiscrepancySettlement || d.RecordedStatus != StatusFailed || d.ProviderOutcome != OutcomeSucceeded ||
 		d.ProviderRef != "bank-7" || !strings.Contains(d.Evidence, "line 3") || !strings.Contains(d.Evidence, "sha256:") {
 		t.Fatalf("discrepancy %+v", d)
+	}
+	e.checkBooks(1)
+}
+
+// With the console's four-eyes rule (SettlementOptions.FourEyes), a line
+// that would resolve a payment above the threshold records a request for a
+// second operator instead: the payment stays unknown, the dry run says so,
+// applying the file again asks nothing more, and the approval resolves the
+// payment with the line's provider reference. The file alone never moves
+// such an amount on one operator's word.
+func TestSettlementAboveTheFourEyesThresholdWaitsForASecondOperator(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{providerTimeout: shortTimeout})
+	e.account(1, "5000")
+	u := e.unknownPayments("inv-h1", "inv-h2") // 100.00 each
+	ctx := context.Background()
+	fourEyes := &SettlementFourEyes{Above: decimal.RequireFromString("99.99"), RequestedBy: "iss|uploader", RequesterName: "uploader"}
+	settle := func(dryRun bool) []SettlementLine {
+		t.Helper()
+		var lines []SettlementLine
+		if _, err := ApplySettlement(ctx, e.pool, strings.NewReader(fmt.Sprintf("%s,succeeded,ref-1\n%s,failed\n", u[0], u[1])), SettlementOptions{
+			Source: "console sha256:x", Now: e.clk.Now, DryRun: dryRun, FourEyes: fourEyes,
+			Report: func(l SettlementLine) { lines = append(lines, l) }}); err != nil {
+			t.Fatal(err)
+		}
+		return lines
+	}
+	before := e.dbState()
+	for _, l := range settle(true) {
+		if l.Result != LineAwaiting || !strings.Contains(l.Message, "would ask a second operator") {
+			t.Fatalf("dry run: %+v", l)
+		}
+	}
+	if e.dbState() != before {
+		t.Fatal("the dry run changed the database")
+	}
+	lines := settle(false)
+	for _, l := range lines {
+		if l.Result != LineAwaiting || l.ApprovalID == 0 {
+			t.Fatalf("applied: %+v, want a four-eyes request", l)
+		}
+	}
+	for _, op := range u {
+		if p := e.payment(op); p.Status != StatusUnknown {
+			t.Fatalf("%s moved to %s without a second operator", op, p.Status)
+		}
+	}
+	a, err := GetApproval(ctx, e.pool, lines[0].ApprovalID)
+	if err != nil || a.State != ApprovalPending || a.RequestedBy != "iss|uploader" || a.Outcome != OutcomeSucceeded ||
+		a.ProviderRef != "ref-1" || !strings.Contains(a.Evidence, "line 1") || !strings.Contains(a.Evidence, "ref-1") {
+		t.Fatalf("the request: %+v %v", a, err)
+	}
+	for _, l := range settle(false) {
+		if l.Result != LineAwaiting || l.ApprovalID != 0 {
+			t.Fatalf("applied again: %+v, want the waiting request named, no new one", l)
+		}
+	}
+	var n int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM payment_approval`).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d requests after applying twice, want 2 (%v)", n, err)
+	}
+
+	decide := func(id int64, by string) (Payment, error) {
+		var p Payment
+		err := db.WithTx(ctx, e.pool, func(tx pgx.Tx) error {
+			var err error
+			_, p, err = Decide(ctx, tx, Decision{ID: id, Approve: true, DecidedBy: by, DeciderName: by})
+			return err
+		})
+		return p, err
+	}
+	if _, err := decide(lines[0].ApprovalID, "iss|uploader"); !errors.Is(err, ErrSelfApproval) {
+		t.Fatalf("the uploader approving their own file's request: %v, want ErrSelfApproval", err)
+	}
+	p, err := decide(lines[0].ApprovalID, "iss|second")
+	if err != nil || p.Status != StatusCompleted || p.ProviderRef != "ref-1" || p.ResolvedBy != "operator:iss|uploader approved by iss|second" {
+		t.Fatalf("approved: %+v %v", p, err)
 	}
 	e.checkBooks(1)
 }
