@@ -175,3 +175,27 @@ func TestPaymentPagesSayWhenTheyWereRead(t *testing.T) {
 		}
 	}
 }
+
+// The actions that give an event up are set apart from Retry: a reviewer
+// found Discard in the same blue beside it.
+func TestGivingUpActionsLookDestructive(t *testing.T) {
+	dead := render(t, EventPage(Page{}, EventData{CanAct: true, E: outbox.EventDetail{Row: outbox.Row{ID: uuid.New(), Status: "dead"}}}))
+	pending := render(t, EventPage(Page{}, EventData{CanAct: true, E: outbox.EventDetail{Row: outbox.Row{ID: uuid.New(), Status: "pending"}}}))
+	for _, c := range []struct {
+		d           *goquery.Document
+		sel         string
+		destructive bool
+	}{
+		{dead, `[data-testid="action-discard"]`, true},
+		{dead, `[data-testid="action-retry"]`, false},
+		{pending, `[data-testid="action-dead-letter"]`, true},
+	} {
+		b := c.d.Find(c.sel)
+		if b.Length() != 1 {
+			t.Fatalf("%s: %d buttons", c.sel, b.Length())
+		}
+		if b.HasClass("destructive") != c.destructive {
+			t.Errorf("%s: destructive %v, want %v", c.sel, b.HasClass("destructive"), c.destructive)
+		}
+	}
+}
