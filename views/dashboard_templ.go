@@ -400,7 +400,7 @@ func relaysHint(d DashboardData) string {
 		hint = fmt.Sprintf("%s of %s paused for %s: the broker is unavailable; they probe it and resume by themselves",
 			Count(r.Paused), Count(r.Alive()), Age(at.Sub(r.PausedSince)))
 	default:
-		hint = "relays reporting, none paused"
+		hint = "relays reporting, none paused by a broker outage (a paused topic shows in Backlog by topic)"
 	}
 	if r.Disagree() {
 		hint = "relays publish differently (" + relaysDisagreement(r) + "): consumers miss or reorder events; " + hint
