@@ -199,3 +199,17 @@ func TestGivingUpActionsLookDestructive(t *testing.T) {
 		}
 	}
 }
+
+// The bulk form's time bounds have the list filter's date and time picker,
+// and a value the picker cannot show stays in a text box rather than being
+// dropped from a filter that acts on every event it matches.
+func TestBulkFormTimeBoundsUseThePickerAndKeepOtherValues(t *testing.T) {
+	d := render(t, BulkForm(Page{}, BulkFormData{Values: BulkValues{CreatedFrom: "2025-01-31T14:00", CreatedTo: "2025-02-01"}}))
+	from, to := d.Find(`[data-testid="bulk-created_from"]`), d.Find(`[data-testid="bulk-created_to"]`)
+	if from.AttrOr("type", "") != "datetime-local" || from.AttrOr("value", "") != "2025-01-31T14:00" {
+		t.Errorf("created_from: type %q value %q, want the picker with the value", from.AttrOr("type", ""), from.AttrOr("value", ""))
+	}
+	if to.AttrOr("type", "") != "text" || to.AttrOr("value", "") != "2025-02-01" {
+		t.Errorf("created_to: type %q value %q, want a text box keeping the date", to.AttrOr("type", ""), to.AttrOr("value", ""))
+	}
+}
