@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/audit"
 	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/payments"
 )
@@ -211,5 +212,21 @@ func TestBulkFormTimeBoundsUseThePickerAndKeepOtherValues(t *testing.T) {
 	}
 	if to.AttrOr("type", "") != "text" || to.AttrOr("value", "") != "2025-02-01" {
 		t.Errorf("created_to: type %q value %q, want a text box keeping the date", to.AttrOr("type", ""), to.AttrOr("value", ""))
+	}
+}
+
+// While events are held behind dead letters, the oldest pending age may be
+// theirs: the tile says so rather than raise what reads as a second,
+// unexplained alarm.
+func TestOldestPendingSaysHeldEventsCount(t *testing.T) {
+	hint := func(held int64) string {
+		d := render(t, Tiles(DashboardData{Ready: true, Snap: live.Snapshot{Held: outbox.Held{Events: held}}}, false))
+		return squash(d.Find(`[data-testid="oldest-pending"]`).Closest(".tile"))
+	}
+	if h := hint(3); !strings.Contains(h, "held behind dead letters included") {
+		t.Errorf("with 3 held: %q", h)
+	}
+	if h := hint(0); strings.Contains(h, "held") {
+		t.Errorf("with none held: %q", h)
 	}
 }
