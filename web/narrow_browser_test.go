@@ -157,3 +157,43 @@ func TestBrowserSettlementHashShowsInLowerCase(t *testing.T) {
 		t.Fatalf("browser reported problems: %q", p)
 	}
 }
+
+// An id and its copy button share a line in the lists, at a desktop width
+// too: a reviewer saw the buttons of the unfiltered outbox list wrap under
+// their ids at 1280 pixels.
+func TestBrowserCopyButtonsStayBesideTheirIDs(t *testing.T) {
+	h, _ := comfortHarness(t)
+	// Long names squeeze the id column, as the demo's events did.
+	for i := range 3 {
+		outboxtest.Insert(t, h.pool, outboxtest.Seed{Topic: "sluice.orders.fulfilment.warehouse-europe-west", AggregateType: "customer-order-fulfilment",
+			AggregateID: "order-2026-12-07-" + strconv.Itoa(i) + "-warehouse-europe-west-shipment", EventType: "order.fulfilment.shipment.dispatched.v12",
+			Status: "dead", Attempts: 5, LastError: "broker refused the message: payload fails the topic's schema (field shipment.lines[3].sku)"})
+	}
+	ctx, _ := newChrome(t)
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	browserLogin(tctx, t, h, "admin")
+	if err := chromedp.Do(tctx, chromedp.EmulateViewport(1280, 900)); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/outbox", "/outbox?status=dead", "/payments"} {
+		if err := chromedp.Do(tctx, chromedp.Navigate(h.base+path), chromedp.WaitVisible(chromedp.CSS(`[data-testid="nav"]`))); err != nil {
+			t.Fatal(err)
+		}
+		// Each button's vertical middle lies within its cell's first line.
+		wrapped, err := chromedp.Run(tctx, chromedp.Evaluate[int](`Array.from(document.querySelectorAll('td > .copy-id')).filter(b => {
+			const id = b.parentElement.firstElementChild.getBoundingClientRect(), r = b.getBoundingClientRect();
+			return r.top + r.height / 2 > id.bottom || r.top + r.height / 2 < id.top;
+		}).length`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := chromedp.Run(tctx, chromedp.Evaluate[int](`document.querySelectorAll('td > .copy-id').length`))
+		if n == 0 {
+			t.Fatalf("%s: no copy button in a table cell: the check is void", path)
+		}
+		if wrapped != 0 {
+			t.Errorf("%s: %d of %d copy buttons wrapped below their id", path, wrapped, n)
+		}
+	}
+}
