@@ -2,6 +2,14 @@
 // Loaded with the page's CSP nonce; no inline handlers, no eval.
 (function () {
   "use strict";
+  // A page that answers a form's POST (a conflict, a refused value) names
+  // its own address: shown in the address bar, a reload reads the page
+  // instead of asking to send the form again.
+  var own = document.querySelector('meta[name="sluice-page-url"]');
+  if (own && window.history && history.replaceState) {
+    var u = own.getAttribute("content");
+    if (u && u.charAt(0) === "/" && u.charAt(1) !== "/" && location.pathname + location.search !== u) history.replaceState(null, "", u);
+  }
   var conn = document.getElementById("conn");
   function state(s, text) {
     if (!conn) return;

@@ -195,6 +195,7 @@ func (a *App) renderEvent(c echo.Context, status int, id uuid.UUID, set func(*vi
 	}
 	set(&d)
 	p := a.page(c, "Event "+id.String(), "/outbox")
+	p.URL = "/outbox/" + id.String()
 	if c.Request().Header.Get("HX-Request") != "" {
 		return render(c, status, views.EventBody(p, d))
 	}

@@ -3,6 +3,8 @@ package web_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -120,5 +122,44 @@ func TestBrowserOutboxFindRetryDeadLetterLive(t *testing.T) {
 	}
 	if png, err := chromedp.Run(support, chromedp.CaptureScreenshot()); err == nil {
 		_ = os.WriteFile("/tmp/outbox-event.png", png, 0o644)
+	}
+}
+
+// A page that answers a form's POST (here a conflict: someone retried the
+// event first) shows its own address, so reloading it reads the page again
+// instead of sending the form a second time.
+func TestBrowserAConflictPageReloadsWithoutResending(t *testing.T) {
+	h := start(t, options{})
+	dead := plant(t, h, planted{aggID: "reload-a", status: "dead", attempts: 5, lastError: "refused"})
+	ctx, _ := newChrome(t)
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	browserLogin(tctx, t, h, "oncall")
+	if err := chromedp.Do(tctx, chromedp.Navigate(h.base+"/outbox/"+dead.String()), chromedp.WaitVisible(chromedp.CSS(`[data-testid="action-retry"]`))); err != nil {
+		t.Fatal(err)
+	}
+	// Someone else retries it first.
+	b, token := h.signedIn(t, "admin")
+	if resp, _ := h.postForm(t, b, "/outbox/"+dead.String()+"/retry", url.Values{"csrf_token": {token}, "expected": {"dead"}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("the other retry: %d", resp.StatusCode)
+	}
+	refused := func() int {
+		return h.countAudit(t, `action = 'outbox.retry' AND outcome <> 'ok' AND target_id = $1`, dead.String())
+	}
+	if err := chromedp.Do(tctx, chromedp.Click(chromedp.CSS(`[data-testid="action-retry"]`)), chromedp.WaitVisible(chromedp.CSS(`[data-testid="conflict"]`))); err != nil {
+		t.Fatalf("the stale retry: %v", err)
+	}
+	if n := refused(); n != 1 {
+		t.Fatalf("%d refused retries audited, want 1", n)
+	}
+	path, err := chromedp.Run(tctx, chromedp.Evaluate[string](`location.pathname`))
+	if err != nil || path != "/outbox/"+dead.String() {
+		t.Fatalf("the conflict page's address is %q, want the event's (%v)", path, err)
+	}
+	if err := chromedp.Do(tctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`[data-testid="timeline"]`))); err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	if n := refused(); n != 1 {
+		t.Fatalf("the reload sent the retry again: %d refused retries audited", n)
 	}
 }
