@@ -47,7 +47,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 		BulkRecentLoginAbove: c.BulkRecentLogin, RecentLogin: c.RecentLogin, RevealRoles: c.RevealRoleList,
 		FourEyesAbove: decimal.RequireFromString(c.FourEyesAbove), // validated
 		ProviderURL:   c.ProviderURL, ProviderTimeout: c.ProviderTimeout,
-		TraceURL: c.TraceURL,
+		TraceURL: c.TraceURL, PaymentsTopic: c.PaymentsTopic,
 	}, web.Deps{Pool: pool, Logger: log, Keyring: c.Keyring, Tracing: tracing.Provider()})
 	if err != nil {
 		return err

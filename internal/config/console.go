@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/live"
+	"github.com/sluice-dev/sluice/internal/payments"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
 	"github.com/sluice-dev/sluice/web"
 )
@@ -47,6 +48,10 @@ type Console struct {
 	ProviderURL       string      // empty: no inquiries from the console
 	ProviderTimeout   time.Duration
 	TraceURL          string // CONSOLE_TRACE_URL: a trace UI's URL with {trace_id}; empty: ids unlinked
+	// PaymentsTopic is where the console's resolutions, approvals and
+	// settlement lines write payment.* events: the topic payments-api
+	// writes to (PAYMENTS_TOPIC), or its consumers miss them.
+	PaymentsTopic string
 }
 
 // Register adds the console's flags; their defaults are the ones web.New,
@@ -81,6 +86,7 @@ func (c *Console) Register(f *Flags) {
 	f.String(&c.FourEyesAbove, "four-eyes-above", "CONSOLE_FOUR_EYES_ABOVE", web.DefaultFourEyesAbove, "resolving an unknown payment above this amount (typed, or by a line of a settlement file uploaded in the console) needs a second operator's approval")
 	f.String(&c.ProviderURL, "provider-url", "PROVIDER_URL", "", "payment provider the console's inquire action asks (empty: no inquire action)")
 	f.Duration(&c.ProviderTimeout, "provider-timeout", "PROVIDER_TIMEOUT", provider.DefaultTimeout, "give up on one provider inquiry after this long")
+	f.String(&c.PaymentsTopic, "payments-topic", "PAYMENTS_TOPIC", payments.DefaultTopic, "outbox topic of the payment.* events the console's resolutions write (payments-api's PAYMENTS_TOPIC)")
 	f.Duration(&c.RecentLogin, "recent-login", "CONSOLE_RECENT_LOGIN", web.DefaultRecentLogin, "how old a sign-in may be for actions that need a recent one; older: sign in again")
 	f.String(&c.RevealRoles, "reveal-roles", "CONSOLE_REVEAL_ROLES", roleList(web.DefaultRevealRoles()), "console roles that may reveal one sealed personal-data field with a reason (audited)")
 }
@@ -97,6 +103,7 @@ func (c *Console) Validate() error {
 	c.Common.check(&ck)
 	c.PIIKeys.check(&ck, false)
 	ck.Required("CONSOLE_ADDR", c.Addr)
+	ck.Required("PAYMENTS_TOPIC", c.PaymentsTopic)
 	ck.Addr("CONSOLE_ADDR", c.Addr)
 	ck.Addr("METRICS_ADDR", c.MetricsAddr)
 	checkPublicURL(&ck, c.PublicURL)

@@ -88,3 +88,24 @@ func TestPlainHTTPOnlyOnLoopback(t *testing.T) {
 		t.Errorf("demo on all interfaces without an https public URL: %v", err)
 	}
 }
+
+// The console writes payment.* events (resolutions, approvals, settlement
+// lines) on PAYMENTS_TOPIC, as payments-api does: one variable, read by
+// both, so a deployment that moves the topic moves it for both.
+func TestConsoleReadsThePaymentsTopic(t *testing.T) {
+	t.Parallel()
+	c, err := parseConsole(t, nil)
+	if err != nil || c.PaymentsTopic != "sluice.payments" {
+		t.Fatalf("default: %q %v", c.PaymentsTopic, err)
+	}
+	c, err = parseConsole(t, map[string]string{"PAYMENTS_TOPIC": "acme.payments"})
+	if err != nil || c.PaymentsTopic != "acme.payments" {
+		t.Fatalf("PAYMENTS_TOPIC: %q %v", c.PaymentsTopic, err)
+	}
+	var p PaymentsAPI
+	f := NewFlags("payments-api", "", MapLookup(map[string]string{"PAYMENTS_TOPIC": "acme.payments"}), io.Discard)
+	p.Register(f)
+	if err := f.Parse(nil); err != nil || p.Topic != c.PaymentsTopic {
+		t.Fatalf("payments-api reads %q from the same variable (%v)", p.Topic, err)
+	}
+}

@@ -51,8 +51,10 @@ func (d *Demo) startConsole(ctx context.Context) (string, error) {
 		ln.Close()
 		return "", err
 	}
-	// The console keeps its own metrics registry, as its own process would:
-	// its gauges come from its snapshot, not from the services it watches.
+	// The console shares the demo's metrics registry (Registry below), but
+	// its gauges come from its own snapshot, not from the services it
+	// watches: the payments service leaves its health gauges to it
+	// (HealthGaugesElsewhere).
 	app, err := web.New(ctx, web.Config{
 		PublicURL:        base,
 		OIDCIssuer:       idp.Issuer(),
