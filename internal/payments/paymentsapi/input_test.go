@@ -30,6 +30,14 @@ func TestBadInputWritesNothing(t *testing.T) {
 		{"not an object", "m-1", newKey(), `[1,2]`, 400, "invalid_field"},
 		{"trailing data", "m-1", newKey(), good + `{}`, 400, "malformed_json"},
 		{"unknown field", "m-1", newKey(), strings.Replace(good, `"currency"`, `"admin":true,"currency"`, 1), 400, "unknown_field"},
+		// encoding/json matches names without regard to case and keeps the
+		// last of a repeated one: a gateway reading the first "amount" saw
+		// 10.00 where 9999.00 was charged.
+		{"name in another case", "m-1", newKey(), strings.Replace(good, `"currency"`, `"AMOUNT":"9999.00","currency"`, 1), 400, "unknown_field"},
+		{"Currency", "m-1", newKey(), strings.Replace(good, `"currency"`, `"Currency"`, 1), 400, "unknown_field"},
+		{"repeated name", "m-1", newKey(), strings.Replace(good, `"currency"`, `"amount":"9999.00","currency"`, 1), 400, "duplicate_field"},
+		{"customer's name in another case", "m-1", newKey(), strings.Replace(good, `"name"`, `"Name"`, 1), 400, "unknown_field"},
+		{"customer's repeated email", "m-1", newKey(), strings.Replace(good, `"email"`, `"email":"x@y.z","email"`, 1), 400, "duplicate_field"},
 		{"negative", "m-1", newKey(), payBody("i", 1, "-5"), 422, "invalid_amount"},
 		{"zero", "m-1", newKey(), payBody("i", 1, "0.00"), 422, "invalid_amount"},
 		{"absurd", "m-1", newKey(), payBody("i", 1, "1e15"), 422, "amount_out_of_range"},

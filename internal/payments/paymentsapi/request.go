@@ -53,6 +53,9 @@ type wireRequest struct {
 // one amount); unknown fields, more than two decimals, non-positive or
 // absurd amounts, unsupported currencies and missing fields are refused.
 func ParseRequest(body []byte) (payments.Request, error) {
+	if err := exactFields(body); err != nil {
+		return payments.Request{}, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	dec.UseNumber()
@@ -176,4 +179,70 @@ func ParseAmount(s string) (decimal.Decimal, error) {
 		return decimal.Decimal{}, unprocessable("amount_precision", "amount has more than two decimals")
 	}
 	return d.Round(2), nil
+}
+
+// requestFields are the names a request's objects may hold, exactly as
+// written: the body's own, and the customer's.
+var requestFields = map[string]map[string]bool{
+	"":         {"invoice_id": true, "account_id": true, "amount": true, "currency": true, "customer": true},
+	"customer": {"name": true, "email": true, "tax_id": true},
+}
+
+// exactFields refuses a body whose objects repeat a name or spell one
+// otherwise than this API does. encoding/json matches names without regard
+// to case and keeps the last of a repeated one, so {"amount":"10.00",
+// "AMOUNT":"9999.00"} decoded to 9999.00: a gateway, a log or a fraud check
+// reading the first "amount" saw another payment than the one charged.
+func exactFields(body []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	type frame struct {
+		object  bool
+		name    string          // the object's field name in its parent ("" for the body)
+		seen    map[string]bool // names read so far
+		wantKey bool            // the next token of an object is a name
+	}
+	var stack []frame
+	key := ""
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return nil // not JSON: the decoder after this says so
+		}
+		if name, isName := tok.(string); isName && len(stack) > 0 && stack[len(stack)-1].object && stack[len(stack)-1].wantKey {
+			f := &stack[len(stack)-1]
+			if f.seen[name] {
+				return badRequest("duplicate_field", "the body has field %q twice", name)
+			}
+			f.seen[name] = true
+			if allowed, ok := requestFields[f.name]; ok && len(stack) <= 2 && !allowed[name] {
+				return badRequest("unknown_field", "the body has a field this API does not know (names are matched exactly, case included)")
+			}
+			f.wantKey, key = false, name
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			name := key
+			if len(stack) == 0 {
+				name = ""
+			}
+			stack = append(stack, frame{object: true, name: name, seen: map[string]bool{}, wantKey: true})
+			key = ""
+			continue
+		case json.Delim('['):
+			stack = append(stack, frame{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+		// A value ended (or an object or array that was one): the
+		// enclosing object's next token is a name.
+		if len(stack) > 0 && stack[len(stack)-1].object {
+			stack[len(stack)-1].wantKey = true
+		}
+	}
 }

@@ -38,7 +38,12 @@ func NewClient(baseURL string, timeout time.Duration) *Client {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 64
-	return &Client{base: strings.TrimRight(baseURL, "/"), hc: &http.Client{Transport: tr}, timeout: timeout}
+	// A redirect is answered, never followed: followed, a charge's POST
+	// answered 303 became a GET elsewhere whose 200 would be read as the
+	// charge's outcome. Unfollowed, it is an answer that is not the
+	// provider's protocol: the outcome is unknown.
+	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &Client{base: strings.TrimRight(baseURL, "/"), hc: &http.Client{Transport: tr, CheckRedirect: noRedirect}, timeout: timeout}
 }
 
 type wireCharge struct {
@@ -139,6 +144,15 @@ func (c *Client) send(hreq *http.Request, charge bool) (Result, error) {
 		if charge && conns.Load() != 1 {
 			return Result{}, fmt.Errorf("%w: provider unavailable (503) after %d attempts; an earlier one may have charged", ErrOutcomeUnknown, conns.Load())
 		}
+		// Only the provider's own 503 says it processed nothing. A 503 from
+		// anything between (a sidecar, an egress proxy, the provider's
+		// load balancer: "upstream reset before headers") may come after
+		// the charge was forwarded and made; read as "not processed", the
+		// payment failed, its invoice was free for a new key, and the
+		// customer could be charged twice.
+		if charge && !unavailableAnswer(data) {
+			return Result{}, fmt.Errorf("%w: 503 that is not the provider's own answer (a proxy's?): the charge may have been forwarded", ErrOutcomeUnknown)
+		}
 		return Result{}, fmt.Errorf("%w: provider unavailable (503)", ErrNotProcessed)
 	}
 	if resp.StatusCode != http.StatusOK {
@@ -156,4 +170,13 @@ func (c *Client) send(hreq *http.Request, charge bool) (Result, error) {
 		return Result{}, fmt.Errorf("%w: status %q", ErrOutcomeUnknown, w.Status)
 	}
 	return Result{OperationID: id, Outcome: out, ProviderRef: w.ProviderRef, DeclineCode: w.DeclineCode}, nil
+}
+
+// unavailableAnswer reports whether a 503's body is the provider
+// protocol's own "not processed" answer: {"error":"unavailable"}.
+func unavailableAnswer(body []byte) bool {
+	var a struct {
+		Error string `json:"error"`
+	}
+	return json.Unmarshal(body, &a) == nil && a.Error == "unavailable"
 }

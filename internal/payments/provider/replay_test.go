@@ -80,7 +80,9 @@ func TestCharge503OnSingleAttemptIsNotProcessed(t *testing.T) {
 	var charges atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		charges.Add(1)
+		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":"unavailable"}`))
 	}))
 	t.Cleanup(srv.Close)
 	c := NewClient(srv.URL, 5*time.Second)
@@ -91,5 +93,44 @@ func TestCharge503OnSingleAttemptIsNotProcessed(t *testing.T) {
 	}
 	if charges.Load() != 2 {
 		t.Fatalf("charges = %d, want 2", charges.Load())
+	}
+}
+
+// Only the provider's own 503 means nothing was processed. A 503 from
+// something between (a sidecar or load balancer answering "upstream reset
+// before headers" after it forwarded the charge) may follow a charge that
+// was made: read as "not processed", the payment failed and its invoice
+// could be paid again, charging the customer twice. A redirect is not
+// followed (a 303 would turn the POST into a GET elsewhere whose answer was
+// read as the charge's): it is not the provider's answer either.
+func TestChargeAnswersNotFromTheProviderAreUnknown(t *testing.T) {
+	t.Parallel()
+	var elsewhere atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Query().Get("case") {
+		case "proxy503":
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("upstream connect error or disconnect/reset before headers. reset reason: connection termination"))
+		case "html503":
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("<html><body>503 Service Temporarily Unavailable</body></html>"))
+		case "redirect":
+			http.Redirect(w, r, "/elsewhere", http.StatusSeeOther)
+		default:
+			elsewhere.Add(1)
+			_, _ = w.Write([]byte(`{"operation_id":"00000000-0000-0000-0000-000000000000","status":"succeeded"}`))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	for _, c := range []string{"proxy503", "html503", "redirect"} {
+		cl := NewClient(srv.URL+"/?case="+c+"&x=", 5*time.Second)
+		_, err := cl.Charge(context.Background(), req(uuid.New()))
+		if errors.Is(err, ErrNotProcessed) || !errors.Is(err, ErrOutcomeUnknown) {
+			t.Errorf("%s: err = %v, want ErrOutcomeUnknown", c, err)
+		}
+	}
+	if n := elsewhere.Load(); n != 0 {
+		t.Fatalf("the redirect was followed %d time(s)", n)
 	}
 }
