@@ -38,6 +38,12 @@ func NewClient(baseURL string, timeout time.Duration) *Client {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 64
+	// A charge written to a kept-alive connection the provider has just
+	// closed fails after it may have left, so its outcome is unknown (it is
+	// never re-sent: see doCharge). Closing idle connections well before
+	// common servers' keep-alive limits (60–75 s for load balancers and
+	// nginx) makes that race rare; Go's default keeps them 90 s.
+	tr.IdleConnTimeout = 30 * time.Second
 	// A redirect is answered, never followed: followed, a charge's POST
 	// answered 303 became a GET elsewhere whose 200 would be read as the
 	// charge's outcome. Unfollowed, it is an answer that is not the
