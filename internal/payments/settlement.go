@@ -235,9 +235,13 @@ type SettlementFourEyes struct {
 	RequesterName string
 }
 
-// holds says whether a line about p waits for a second operator.
+// holds says whether a line about p waits for a second operator when it
+// would resolve p. Decided on the amount alone (which never changes), as a
+// typed resolution is: deciding on the status too let a payment that
+// turned unknown between the read and the resolve be settled on one
+// operator's word.
 func (f *SettlementFourEyes) holds(p Payment) bool {
-	return f != nil && p.Status == StatusUnknown && p.Amount.GreaterThan(f.Above)
+	return f != nil && p.Amount.GreaterThan(f.Above)
 }
 
 // ApplySettlement reads a provider settlement file whole (ParseSettlement)
@@ -312,9 +316,17 @@ func planLine(ctx context.Context, q db.RowQuerier, f SettlementFile, e Settleme
 	case err != nil:
 		return l, fmt.Errorf("payments: read %s: %w", e.OperationID, err)
 	}
-	if o.FourEyes.holds(cur) {
+	if cur.Status == StatusUnknown && o.FourEyes.holds(cur) {
 		l.Result, l.Message = LineAwaiting, fmt.Sprintf("above the four-eyes threshold (%s): would ask a second operator to approve unknown → %s",
 			o.FourEyes.Above.StringFixed(2), statusOf(e.Outcome))
+		switch w, err := pendingOutcome(ctx, q, e.OperationID); {
+		case err == nil && w == e.Outcome:
+			l.Message = "a four-eyes request for this payment already waits for a second operator"
+		case err == nil:
+			l.Message = fmt.Sprintf("a four-eyes request for %s already waits, but this file says %s: reject that request, then apply the file again", w, e.Outcome)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return l, fmt.Errorf("payments: pending request of %s: %w", e.OperationID, err)
+		}
 		return l, nil
 	}
 	if cur.Status == StatusUnknown {
@@ -362,22 +374,26 @@ func applyLine(ctx context.Context, b DB, f SettlementFile, e SettlementEntry, o
 func applyEntry(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEntry, o SettlementOptions, now *time.Time, resolveNow time.Time, l *SettlementLine) error {
 	l.Result, l.Message = "", ""
 	if o.FourEyes != nil {
-		held, err := requestLine(ctx, tx, f, e, o, l)
-		if held || err != nil {
+		// Above the threshold the line never resolves: it asks (or, the
+		// payment not unknown, is classified below).
+		if held, err := requestLine(ctx, tx, f, e, o, l); held || err != nil {
 			return err
 		}
 	}
-	p, err := Resolve(ctx, tx, e.OperationID, e.Outcome, ResolveOptions{ProviderRef: e.ProviderRef, ResolvedBy: "settlement:" + o.Source, Topic: o.Topic, Now: resolveNow})
-	switch {
-	case err == nil:
-		l.Result, l.Message = LineResolved, "unknown → "+string(p.Status)
-		return nil
-	case errors.Is(err, ErrNotFound):
-		l.Result, l.Message = LineNotFound, "no payment with this operation_id: money moved at the provider without a payment of ours"
-		return nil
-	case !errors.Is(err, ErrNotUnknown):
-		return err
+	if l.Result == "" {
+		p, rerr := Resolve(ctx, tx, e.OperationID, e.Outcome, ResolveOptions{ProviderRef: e.ProviderRef, ResolvedBy: "settlement:" + o.Source, Topic: o.Topic, Now: resolveNow})
+		switch {
+		case rerr == nil:
+			l.Result, l.Message = LineResolved, "unknown → "+string(p.Status)
+			return nil
+		case errors.Is(rerr, ErrNotFound):
+			l.Result, l.Message = LineNotFound, "no payment with this operation_id: money moved at the provider without a payment of ours"
+			return nil
+		case !errors.Is(rerr, ErrNotUnknown):
+			return rerr
+		}
 	}
+	l.Result = ""
 	// Locked until the line commits, so the status classified is the
 	// status the discrepancy is filed against.
 	cur, err := getForUpdate(ctx, tx, e.OperationID)
@@ -399,9 +415,11 @@ func applyEntry(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEn
 	return nil
 }
 
-// requestLine records a four-eyes request for a line about an unknown
-// payment above the threshold (held: the line is done). Anything else is
-// left to applyEntry: a payment that is not unknown, or not found.
+// requestLine records a four-eyes request for a line about a payment above
+// the threshold (held: the line is done). A payment at or below it, or not
+// found, is left to applyEntry's resolve; one above it that is not unknown
+// (RequestResolve checks under a share lock) to its classification: the
+// line then has Result "notUnknown", never a resolve.
 func requestLine(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEntry, o SettlementOptions, l *SettlementLine) (held bool, err error) {
 	cur, err := Get(ctx, tx, e.OperationID)
 	if errors.Is(err, ErrNotFound) || (err == nil && !o.FourEyes.holds(cur)) {
@@ -425,9 +443,24 @@ func requestLine(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementE
 		return true, nil
 	case errors.Is(err, ErrApprovalPending):
 		l.Result, l.Message = LineAwaiting, "a four-eyes request for this payment already waits for a second operator"
+		if w, werr := pendingOutcome(ctx, tx, e.OperationID); werr == nil && w != e.Outcome {
+			l.Message = fmt.Sprintf("a four-eyes request for %s already waits, but this file says %s: reject that request, then apply the file again", w, e.Outcome)
+		}
 		return true, nil
 	case errors.Is(err, ErrNotUnknown):
-		return false, nil // resolved meanwhile: the line classifies it
+		l.Result = notUnknown // not unknown (any more): classified, never resolved here
+		return false, nil
 	}
 	return false, err
+}
+
+// notUnknown marks a line above the threshold whose payment is not unknown:
+// applyEntry classifies it without trying to resolve it.
+const notUnknown = "not_unknown"
+
+// pendingOutcome is the outcome the payment's pending four-eyes request asks.
+func pendingOutcome(ctx context.Context, q db.RowQuerier, op uuid.UUID) (Outcome, error) {
+	var o string
+	err := q.QueryRow(ctx, `SELECT outcome FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op).Scan(&o)
+	return Outcome(o), err
 }

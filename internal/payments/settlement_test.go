@@ -317,5 +317,32 @@ func TestSettlementAboveTheFourEyesThresholdWaitsForASecondOperator(t *testing.T
 	if err != nil || p.Status != StatusCompleted || p.ProviderRef != "ref-1" || p.ResolvedBy != "operator:iss|uploader approved by iss|second" {
 		t.Fatalf("approved: %+v %v", p, err)
 	}
+
+	// A file contradicting a request that waits says so (dry run and apply)
+	// rather than "already waits": the approver would otherwise approve
+	// what the provider denies.
+	one := func(line string, dryRun bool) SettlementLine {
+		t.Helper()
+		var got []SettlementLine
+		if _, err := ApplySettlement(ctx, e.pool, strings.NewReader(line), SettlementOptions{Source: "console sha256:y", Now: e.clk.Now,
+			DryRun: dryRun, FourEyes: fourEyes, Report: func(l SettlementLine) { got = append(got, l) }}); err != nil || len(got) != 1 {
+			t.Fatalf("%q: %v %+v", line, err, got)
+		}
+		return got[0]
+	}
+	for _, dry := range []bool{true, false} {
+		if l := one(u[1].String()+",succeeded\n", dry); l.Result != LineAwaiting || !strings.Contains(l.Message, "but this file says succeeded") {
+			t.Fatalf("contradicting the waiting request (dry run %v): %+v", dry, l)
+		}
+	}
+	// Above the threshold, a payment that is no longer unknown is
+	// classified, never resolved by the file: completed above, the file
+	// saying failed is a discrepancy.
+	if l := one(u[0].String()+",failed\n", false); l.Result != LineDiscrepancy {
+		t.Fatalf("a completed payment above the threshold, the file saying failed: %+v", l)
+	}
+	if p := e.payment(u[0]); p.Status != StatusCompleted {
+		t.Fatalf("the file moved a completed payment: %s", p.Status)
+	}
 	e.checkBooks(1)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/broker/brokertest"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 func open(t *testing.T, opts broker.Options) *RabbitMQ {
@@ -262,4 +264,43 @@ func TestPublishBatchMissingConfirmAmongAnsweredOnes(t *testing.T) {
 			t.Fatalf("message %d: %v", i+1, err)
 		}
 	}
+}
+
+// A batch larger than a window runs under one publish timeout: when the
+// first window's waits take all of it, the later windows are not sent at
+// all, and their messages say so as ErrUnavailable (given back, no
+// attempt spent), not as failures of their own.
+func TestPublishBatchSendsNoWindowAfterTheTimeout(t *testing.T) {
+	t.Parallel()
+	r := open(t, broker.Options{})
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	r.waitConfirm = func(ctx context.Context, _ *amqp.DeferredConfirmation) (bool, error) {
+		<-ctx.Done() // every confirm of the first window "takes" the whole timeout
+		return false, ctx.Err()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	msgs := brokertest.Messages(publishWindow+44, publishWindow+44)
+	errs := r.PublishBatch(ctx, msgs)
+	for i, err := range errs[publishWindow:] {
+		if !errors.Is(err, broker.ErrUnavailable) || !strings.Contains(err.Error(), "not sent") {
+			t.Fatalf("message %d of the second window: %v, want ErrUnavailable, not sent", publishWindow+i, err)
+		}
+	}
+	// Only the first window reached the queue.
+	conn, err := amqp.Dial(brokertest.RabbitURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Until(t, "the first window in the queue", func() bool {
+		q, err := ch.QueueDeclarePassive(r.Queue("reader"), true, false, false, false, nil)
+		return err == nil && q.Messages == publishWindow
+	})
 }

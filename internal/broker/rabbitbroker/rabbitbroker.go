@@ -154,6 +154,13 @@ func Open(ctx context.Context, rawURL string, opts broker.Options) (*RabbitMQ, e
 		url: rawURL, exchange: ns, maxFailures: opts.MaxConsumeFailures, log: opts.Logger,
 		waiting: map[string]bool{},
 		waitConfirm: func(ctx context.Context, dc *amqp.DeferredConfirmation) (bool, error) {
+			// A confirm that is already in wins over a deadline that is
+			// past too (WaitContext's select would pick either).
+			select {
+			case <-dc.Done():
+				return dc.Acked(), nil
+			default:
+			}
 			return dc.WaitContext(ctx)
 		},
 	}
@@ -203,7 +210,7 @@ func (r *RabbitMQ) channelLocked() (*amqp.Channel, error) {
 	// Buffered: the client hands a basic.return over before it processes the
 	// ack of the same message, so after a confirm the return (if any) is
 	// already in this buffer.
-	r.returns = ch.NotifyReturn(make(chan amqp.Return, 1024))
+	r.returns = ch.NotifyReturn(make(chan amqp.Return, returnsBuffer))
 	r.pub = ch
 	return ch, nil
 }
@@ -241,6 +248,12 @@ func (r *RabbitMQ) Publish(ctx context.Context, msg broker.Message) error {
 // for.
 const publishWindow = 256
 
+// returnsBuffer holds the returns not drained yet: sixteen windows, so as
+// many publishers at once on one RabbitMQ value never fill it (amqp091
+// drops a return it cannot hand over within 5 s, and that message would
+// read as routed).
+const returnsBuffer = 16 * publishWindow
+
 // PublishBatch sends msgs as Publish does, all of a window in flight at
 // once on the publishing channel, then waits for their confirms in order:
 // a round trip (and one of RabbitMQ's fsyncs) per window instead of per
@@ -252,6 +265,14 @@ func (r *RabbitMQ) PublishBatch(ctx context.Context, msgs []broker.Message) []er
 	errs := make([]error, len(msgs))
 	for from := 0; from < len(msgs); from += publishWindow {
 		to := min(from+publishWindow, len(msgs))
+		if err := ctx.Err(); err != nil {
+			// The windows before took the whole publish timeout: these were
+			// never sent, so they are not their messages' failures.
+			for i := from; i < len(msgs); i++ {
+				errs[i] = fmt.Errorf("%w: %s not sent: the publish timeout ran out before its window: %w", broker.ErrUnavailable, msgs[i].ID, err)
+			}
+			return errs
+		}
 		copy(errs[from:to], r.publish(ctx, msgs[from:to]))
 	}
 	return errs
@@ -302,6 +323,14 @@ func (r *RabbitMQ) publish(ctx context.Context, msgs []broker.Message) []error {
 		return errs
 	}
 	for i, msg := range msgs {
+		if blockStarts.Err() != nil {
+			// Blocked while sending the window: the server reads nothing
+			// more, and a write into the full socket could wait until the
+			// alarm clears. The rest is refused unsent.
+			reason, _ := r.block.state()
+			errs[i] = fmt.Errorf("%w: RabbitMQ blocks publishing (%s; a resource alarm): %s not sent", broker.ErrUnavailable, reason, msg.ID)
+			continue
+		}
 		o := &out[i]
 		var p amqp.Publishing
 		o.exchange, o.key, p = r.publishing(msg, o.token)
@@ -320,11 +349,18 @@ func (r *RabbitMQ) publish(ctx context.Context, msgs []broker.Message) []error {
 	defer cancel(nil)
 	stop := context.AfterFunc(blockStarts, func() { cancel(errBlocked) })
 	defer stop()
-	// Whether the broker confirmed another message of this window: then it
-	// answers, and a confirm that did not come is its message's own.
-	answeredElse := func(i int) bool {
+	// Whether the broker answered after message i was sent: it confirmed a
+	// later message of this window, or other callers' publishes (confirms
+	// counted beyond this window's own). Then a confirm that did not come
+	// is its message's own failure; earlier messages' confirms prove
+	// nothing about a stall that began after them.
+	own := uint64(0)
+	answeredAfter := func(i int) bool {
+		if r.confirms.Load()-before > own {
+			return true
+		}
 		for j, o := range out {
-			if j != i && o.dc != nil {
+			if j > i && o.dc != nil {
 				select {
 				case <-o.dc.Done():
 					return true
@@ -336,7 +372,11 @@ func (r *RabbitMQ) publish(ctx context.Context, msgs []broker.Message) []error {
 	}
 	for i, o := range out {
 		if o.dc != nil {
-			errs[i] = r.confirmed(ctx, wctx, ch, o, msgs[i].ID, func() bool { return r.confirms.Load() != before || answeredElse(i) })
+			var counted bool
+			errs[i] = r.confirmed(ctx, wctx, ch, o, msgs[i].ID, func() bool { return answeredAfter(i) }, &counted)
+			if counted {
+				own++ // this window's own answer, in r.confirms too
+			}
 		}
 	}
 	return errs
@@ -387,7 +427,8 @@ func (r *RabbitMQ) publishing(msg broker.Message, token string) (exchange, key s
 // confirmed waits (on wctx) for one sent message's confirm and says what
 // it means; answered tells whether the broker confirmed anything else
 // since the message was sent.
-func (r *RabbitMQ) confirmed(ctx, wctx context.Context, ch *amqp.Channel, o sent, id string, answered func() bool) error {
+// counted is set when the broker's answer was counted in r.confirms.
+func (r *RabbitMQ) confirmed(ctx, wctx context.Context, ch *amqp.Channel, o sent, id string, answered func() bool, counted *bool) error {
 	acked, err := r.waitConfirm(wctx, o.dc)
 	if err != nil {
 		if errors.Is(context.Cause(wctx), errBlocked) && ctx.Err() == nil {
@@ -416,6 +457,7 @@ func (r *RabbitMQ) confirmed(ctx, wctx context.Context, ch *amqp.Channel, o sent
 		return fmt.Errorf("broker: confirm of %s: %w", id, err)
 	}
 	r.confirms.Add(1)
+	*counted = true
 	if !acked {
 		// RabbitMQ nacks only for itself, never for the message: a queue
 		// the message routes to is full with x-overflow reject-publish (a

@@ -188,50 +188,62 @@ var requestFields = map[string]map[string]bool{
 	"customer": {"name": true, "email": true, "tax_id": true},
 }
 
-// exactFields refuses a body whose objects repeat a name or spell one
-// otherwise than this API does. encoding/json matches names without regard
-// to case and keeps the last of a repeated one, so {"amount":"10.00",
-// "AMOUNT":"9999.00"} decoded to 9999.00: a gateway, a log or a fraud check
-// reading the first "amount" saw another payment than the one charged.
+// exactFields refuses a body whose object, or its customer, repeats a name
+// or spells one otherwise than this API does, escapes included.
+// encoding/json matches names without regard to case and keeps the last of
+// a repeated one, so {"amount":"10.00","AMOUNT":"9999.00"} decoded to
+// 9999.00: a gateway, a log or a fraud check reading the first "amount"
+// saw another payment than the one charged ("\u0061mount" likewise hides
+// the name from a reader of the raw bytes). Anything else (not JSON, not
+// an object, trailing data, a wrong type) is left to the decoder after it.
 func exactFields(body []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	type frame struct {
 		object  bool
-		name    string          // the object's field name in its parent ("" for the body)
-		seen    map[string]bool // names read so far
-		wantKey bool            // the next token of an object is a name
+		fields  map[string]bool // the names it may hold; nil: not checked
+		seen    map[string]bool
+		wantKey bool // the next token of an object is a name
 	}
 	var stack []frame
 	key := ""
 	for {
+		start := dec.InputOffset()
 		tok, err := dec.Token()
-		if err == io.EOF {
-			return nil
-		}
 		if err != nil {
-			return nil // not JSON: the decoder after this says so
+			return nil // not JSON, or the end: the decoder after this says so
 		}
 		if name, isName := tok.(string); isName && len(stack) > 0 && stack[len(stack)-1].object && stack[len(stack)-1].wantKey {
 			f := &stack[len(stack)-1]
+			f.wantKey, key = false, name
+			if f.fields == nil {
+				continue
+			}
+			if bytes.IndexByte(body[start:dec.InputOffset()], '\\') >= 0 {
+				return badRequest("unknown_field", "the body has a field name written with escapes; write names as this API does")
+			}
 			if f.seen[name] {
 				return badRequest("duplicate_field", "the body has field %q twice", name)
 			}
 			f.seen[name] = true
-			if allowed, ok := requestFields[f.name]; ok && len(stack) <= 2 && !allowed[name] {
+			if !f.fields[name] {
 				return badRequest("unknown_field", "the body has a field this API does not know (names are matched exactly, case included)")
 			}
-			f.wantKey, key = false, name
 			continue
 		}
 		switch tok {
 		case json.Delim('{'):
-			name := key
-			if len(stack) == 0 {
-				name = ""
+			f := frame{object: true, wantKey: true}
+			switch {
+			case len(stack) == 0:
+				f.fields = requestFields[""]
+			case len(stack) == 1 && stack[0].fields != nil && key == "customer":
+				f.fields = requestFields["customer"]
 			}
-			stack = append(stack, frame{object: true, name: name, seen: map[string]bool{}, wantKey: true})
-			key = ""
+			if f.fields != nil {
+				f.seen = map[string]bool{}
+			}
+			stack = append(stack, f)
 			continue
 		case json.Delim('['):
 			stack = append(stack, frame{})
@@ -239,9 +251,12 @@ func exactFields(body []byte) error {
 		case json.Delim('}'), json.Delim(']'):
 			stack = stack[:len(stack)-1]
 		}
+		if len(stack) == 0 {
+			return nil // the body's value is whole; what follows is the decoder's
+		}
 		// A value ended (or an object or array that was one): the
 		// enclosing object's next token is a name.
-		if len(stack) > 0 && stack[len(stack)-1].object {
+		if stack[len(stack)-1].object {
 			stack[len(stack)-1].wantKey = true
 		}
 	}

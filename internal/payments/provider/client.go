@@ -179,10 +179,10 @@ func (c *Client) send(hreq *http.Request, charge bool) (Result, error) {
 }
 
 // unavailableAnswer reports whether a 503's body is the provider
-// protocol's own "not processed" answer: {"error":"unavailable"}.
+// protocol's own "not processed" answer, exactly {"error":"unavailable"}
+// (whitespace aside): encoding/json would also take {"ERROR":…} or a
+// repeated "error", which the provider never writes.
 func unavailableAnswer(body []byte) bool {
-	var a struct {
-		Error string `json:"error"`
-	}
-	return json.Unmarshal(body, &a) == nil && a.Error == "unavailable"
+	var b bytes.Buffer
+	return json.Compact(&b, body) == nil && b.String() == `{"error":"unavailable"}`
 }

@@ -115,6 +115,9 @@ func TestChargeAnswersNotFromTheProviderAreUnknown(t *testing.T) {
 			w.Header().Set("Content-Type", "text/html")
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = w.Write([]byte("<html><body>503 Service Temporarily Unavailable</body></html>"))
+		case "shouted503":
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"ERROR":"unavailable"}`))
 		case "redirect":
 			http.Redirect(w, r, "/elsewhere", http.StatusSeeOther)
 		default:
@@ -123,7 +126,7 @@ func TestChargeAnswersNotFromTheProviderAreUnknown(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	for _, c := range []string{"proxy503", "html503", "redirect"} {
+	for _, c := range []string{"proxy503", "html503", "shouted503", "redirect"} {
 		cl := NewClient(srv.URL+"/?case="+c+"&x=", 5*time.Second)
 		_, err := cl.Charge(context.Background(), req(uuid.New()))
 		if errors.Is(err, ErrNotProcessed) || !errors.Is(err, ErrOutcomeUnknown) {
