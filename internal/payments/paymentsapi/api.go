@@ -309,6 +309,16 @@ func (a *api) handleCreate(c echo.Context) error {
 	if resp.RetryAfter > 0 {
 		c.Response().Header().Set("Retry-After", strconv.Itoa(resp.RetryAfter))
 	}
+	if resp.Status == http.StatusCreated || resp.Status == http.StatusAccepted {
+		// Where the payment is read (a 202's outcome is found there later);
+		// taken from the stored body, so a replay names it too.
+		var p struct {
+			OperationID uuid.UUID `json:"operation_id"`
+		}
+		if json.Unmarshal(resp.Body, &p) == nil && p.OperationID != uuid.Nil {
+			c.Response().Header().Set("Location", "/v1/payments/"+p.OperationID.String())
+		}
+	}
 	return writeJSONBody(c, resp.Status, resp.Body)
 }
 
