@@ -75,7 +75,7 @@ func TestBrowserPhoneWidthKeepsPagesInTheViewport(t *testing.T) {
 	wideTable := map[string]bool{"/audit": true, "/outbox": true, "/payments/" + s.op: true}
 	pages := []string{"/", "/audit", "/audit/" + strconv.FormatInt(s.seqs[0], 10), "/outbox", "/outbox?status=dead",
 		"/outbox/" + s.dead, "/payments", "/payments?status=unknown", "/payments/" + s.op, "/inbox", "/relays", "/jobs",
-		"/outbox/bulk", "/approvals"}
+		"/outbox/bulk", "/approvals", "/payments/settlements"}
 	for _, path := range pages {
 		if err := chromedp.Do(tctx, chromedp.Navigate(h.base+path), chromedp.WaitVisible(chromedp.CSS(`[data-testid="nav"]`))); err != nil {
 			t.Fatalf("%s: %v", path, err)

@@ -757,9 +757,9 @@ func TestSettlementAboveTheThresholdWaitsForASecondOperator(t *testing.T) {
 	if e := h.effectsOf(t, big); e.status != "unknown" || e.ledger != 0 || e.reservation != "active" {
 		t.Fatalf("the line above the threshold moved the payment: %+v", e)
 	}
-	if n := h.countAudit(t, `action = 'payments.resolve_request' AND outcome = 'ok' AND target_id = $1 AND actor_name = 'admin' AND evidence LIKE $2`,
+	if n := h.countAudit(t, `action = 'payments.resolve_request' AND outcome = 'ok' AND target_id = $1 AND actor_name = 'admin' AND evidence LIKE $2 AND reason LIKE '%says succeeded (line 2)'`,
 		big.String(), "settlement sha256:"+sha+" line 2"); n != 1 {
-		t.Fatalf("%d request audit rows naming the file's line, want 1", n)
+		t.Fatalf("%d request audit rows naming the file's line and why, want 1", n)
 	}
 
 	// The uploader cannot approve it; a second operator can.
@@ -770,8 +770,8 @@ func TestSettlementAboveTheThresholdWaitsForASecondOperator(t *testing.T) {
 	oncall, oncallToken := h.signedIn(t, "oncall")
 	_, list = oncall.get(t, h.base+"/approvals", "text/html")
 	row := doc(t, list).Find(`[data-testid="approval-row"]`)
-	if !strings.Contains(row.Find(`[data-testid="approval-evidence"]`).Text(), "ch_9") {
-		t.Fatalf("the request's evidence does not name the line's reference: %q", row.Text())
+	if ev := row.Find(`[data-testid="approval-evidence"]`).Text(); !strings.Contains(ev, "ch_9") || strings.Count(ev, sha) != 1 {
+		t.Fatalf("the request's evidence should name the line's reference and the file's hash once: %q", ev)
 	}
 	resp, _ = h.postForm(t, oncall, "/approvals/"+row.AttrOr("data-id", "")+"/approve", url.Values{"csrf_token": {oncallToken}})
 	if resp.StatusCode != http.StatusSeeOther {

@@ -405,7 +405,7 @@ func applyEntry(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEn
 		return nil
 	}
 	created, err := recordDiscrepancy(ctx, tx, Discrepancy{OperationID: e.OperationID, RecordedStatus: cur.Status, ProviderOutcome: e.Outcome,
-		Source: DiscrepancySettlement, Evidence: fmt.Sprintf("settlement %s sha256:%s line %d", o.Source, f.SHA256, e.Line), ProviderRef: e.ProviderRef}, now)
+		Source: DiscrepancySettlement, Evidence: lineEvidence(o.Source, f.SHA256, e.Line), ProviderRef: e.ProviderRef}, now)
 	if err != nil {
 		return err
 	}
@@ -428,12 +428,12 @@ func requestLine(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementE
 	if err != nil {
 		return false, fmt.Errorf("payments: read %s: %w", e.OperationID, err)
 	}
-	evidence := fmt.Sprintf("settlement %s sha256:%s line %d", o.Source, f.SHA256, e.Line)
+	evidence := lineEvidence(o.Source, f.SHA256, e.Line)
 	if e.ProviderRef != "" {
 		evidence += ", provider reference " + e.ProviderRef
 	}
 	a, err := RequestResolve(ctx, tx, ApprovalRequest{OperationID: e.OperationID, Outcome: e.Outcome,
-		Reason:   fmt.Sprintf("the provider's settlement file says %s (line %d)", e.Outcome, e.Line),
+		Reason:   lineReason(e),
 		Evidence: evidence, ProviderRef: e.ProviderRef,
 		RequestedBy: o.FourEyes.RequestedBy, RequesterName: o.FourEyes.RequesterName})
 	switch {
@@ -463,4 +463,20 @@ func pendingOutcome(ctx context.Context, q db.RowQuerier, op uuid.UUID) (Outcome
 	var o string
 	err := q.QueryRow(ctx, `SELECT outcome FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op).Scan(&o)
 	return Outcome(o), err
+}
+
+// lineEvidence names a file's line: its source, its hash (unless the
+// source names it already, as the console's "console sha256:…" does) and
+// the line.
+func lineEvidence(source, sha string, line int) string {
+	if strings.Contains(source, sha) {
+		return fmt.Sprintf("settlement %s line %d", source, line)
+	}
+	return fmt.Sprintf("settlement %s sha256:%s line %d", source, sha, line)
+}
+
+// lineReason is why a line asks a second operator: the request's reason and
+// its audit row's.
+func lineReason(e SettlementEntry) string {
+	return fmt.Sprintf("the provider's settlement file says %s (line %d)", e.Outcome, e.Line)
 }

@@ -32,6 +32,7 @@ func AuditSettledLine(ctx context.Context, tx pgx.Tx, base audit.Event, l Settle
 		ev := base
 		ev.Action, ev.TargetType, ev.TargetID, ev.Outcome = ActionResolveRequest, AggregateType, l.OperationID, audit.OutcomeOK
 		ev.Evidence = fmt.Sprintf("settlement sha256:%s line %d", l.FileSHA256, l.Line)
+		ev.Reason = lineReason(SettlementEntry{Outcome: l.Outcome, Line: l.Line})
 		ev.Before, _ = json.Marshal(map[string]string{"status": string(StatusUnknown)})
 		ev.After, _ = json.Marshal(map[string]string{"status": string(StatusUnknown), "outcome": string(l.Outcome),
 			"approval": ApprovalPending, "approval_id": strconv.FormatInt(l.ApprovalID, 10), "sha256": l.FileSHA256})
