@@ -373,14 +373,16 @@ func applyLine(ctx context.Context, b DB, f SettlementFile, e SettlementEntry, o
 // applyEntry applies one line in tx and says what it did in l.
 func applyEntry(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEntry, o SettlementOptions, now *time.Time, resolveNow time.Time, l *SettlementLine) error {
 	l.Result, l.Message = "", ""
+	next := lineResolve
 	if o.FourEyes != nil {
 		// Above the threshold the line never resolves: it asks (or, the
 		// payment not unknown, is classified below).
-		if held, err := requestLine(ctx, tx, f, e, o, l); held || err != nil {
+		var err error
+		if next, err = requestLine(ctx, tx, f, e, o, l); next == lineHeld || err != nil {
 			return err
 		}
 	}
-	if l.Result == "" {
+	if next == lineResolve {
 		p, rerr := Resolve(ctx, tx, e.OperationID, e.Outcome, ResolveOptions{ProviderRef: e.ProviderRef, ResolvedBy: "settlement:" + o.Source, Topic: o.Topic, Now: resolveNow})
 		switch {
 		case rerr == nil:
@@ -393,7 +395,6 @@ func applyEntry(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEn
 			return rerr
 		}
 	}
-	l.Result = ""
 	// Locked until the line commits, so the status classified is the
 	// status the discrepancy is filed against.
 	cur, err := getForUpdate(ctx, tx, e.OperationID)
@@ -419,14 +420,14 @@ func applyEntry(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEn
 // the threshold (held: the line is done). A payment at or below it, or not
 // found, is left to applyEntry's resolve; one above it that is not unknown
 // (RequestResolve checks under a share lock) to its classification: the
-// line then has Result "notUnknown", never a resolve.
-func requestLine(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEntry, o SettlementOptions, l *SettlementLine) (held bool, err error) {
+// line is then classified, never resolved.
+func requestLine(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEntry, o SettlementOptions, l *SettlementLine) (lineNext, error) {
 	cur, err := Get(ctx, tx, e.OperationID)
 	if errors.Is(err, ErrNotFound) || (err == nil && !o.FourEyes.holds(cur)) {
-		return false, nil
+		return lineResolve, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("payments: read %s: %w", e.OperationID, err)
+		return lineResolve, fmt.Errorf("payments: read %s: %w", e.OperationID, err)
 	}
 	evidence := lineEvidence(o.Source, f.SHA256, e.Line)
 	if e.ProviderRef != "" {
@@ -440,23 +441,27 @@ func requestLine(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementE
 	case err == nil:
 		l.Result, l.ApprovalID = LineAwaiting, a.ID
 		l.Message = fmt.Sprintf("above the four-eyes threshold: request #%d waits for a second operator (unknown → %s)", a.ID, statusOf(e.Outcome))
-		return true, nil
+		return lineHeld, nil
 	case errors.Is(err, ErrApprovalPending):
 		l.Result, l.Message = LineAwaiting, "a four-eyes request for this payment already waits for a second operator"
 		if w, werr := pendingOutcome(ctx, tx, e.OperationID); werr == nil && w != e.Outcome {
 			l.Message = fmt.Sprintf("a four-eyes request for %s already waits, but this file says %s: reject that request, then apply the file again", w, e.Outcome)
 		}
-		return true, nil
+		return lineHeld, nil
 	case errors.Is(err, ErrNotUnknown):
-		l.Result = notUnknown // not unknown (any more): classified, never resolved here
-		return false, nil
+		return lineClassify, nil // not unknown (any more): classified, never resolved here
 	}
-	return false, err
+	return lineResolve, err
 }
 
-// notUnknown marks a line above the threshold whose payment is not unknown:
-// applyEntry classifies it without trying to resolve it.
-const notUnknown = "not_unknown"
+// lineNext is what applyEntry does with a line after requestLine.
+type lineNext int
+
+const (
+	lineResolve  lineNext = iota // at or below the threshold, or no such payment: resolve as the file says
+	lineHeld                     // a four-eyes request records it: done
+	lineClassify                 // above the threshold and not unknown: classify, never resolve
+)
 
 // pendingOutcome is the outcome the payment's pending four-eyes request asks.
 func pendingOutcome(ctx context.Context, q db.RowQuerier, op uuid.UUID) (Outcome, error) {

@@ -315,18 +315,12 @@ func (r *RabbitMQ) publish(ctx context.Context, msgs []broker.Message) []error {
 		}
 		r.mu.Unlock()
 	}()
-	blocked, blockStarts := r.block.state()
-	if blocked != "" {
-		for i, msg := range msgs {
-			errs[i] = fmt.Errorf("%w: RabbitMQ blocks publishing (%s; a resource alarm): %s not sent", broker.ErrUnavailable, blocked, msg.ID)
-		}
-		return errs
-	}
+	_, blockStarts := r.block.state()
 	for i, msg := range msgs {
 		if blockStarts.Err() != nil {
-			// Blocked while sending the window: the server reads nothing
-			// more, and a write into the full socket could wait until the
-			// alarm clears. The rest is refused unsent.
+			// Blocked before or while sending the window: the server reads
+			// nothing more, and a write into the full socket could wait
+			// until the alarm clears. The rest is refused unsent.
 			reason, _ := r.block.state()
 			errs[i] = fmt.Errorf("%w: RabbitMQ blocks publishing (%s; a resource alarm): %s not sent", broker.ErrUnavailable, reason, msg.ID)
 			continue
