@@ -1,11 +1,13 @@
 package web
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -22,7 +24,7 @@ import (
 // one closes it; a cancel request has its own.
 const (
 	actionBulkCreate = "outbox.bulk.create"
-	actionBulkChunk  = "outbox.bulk.chunk"
+	actionBulkChunk  = audit.BulkChunkAction
 	actionBulkCancel = "outbox.bulk.cancel"
 	actionBulkEnd    = "outbox.bulk." // + done, cancelled or failed
 	jobTarget        = "outbox_job"
@@ -190,4 +192,61 @@ func (a *App) actorEvent(c echo.Context, sess *auth.Session, action, targetType,
 		SessionHash: sess.HashHex(), IP: meta.IP, UserAgent: meta.UserAgent, RequestID: meta.RequestID,
 		Action: action, TargetType: targetType, TargetID: targetID, Outcome: audit.OutcomeOK,
 	}
+}
+
+// bulkActions reads the chunk rows of the bulk jobs that changed the events
+// (each event's newest limit) and gives each as the action the job applied
+// to that event: its kind as that action's audit name ("outbox." + kind is
+// the single action's name: outbox.retry, outbox.dead_letter,
+// outbox.discard; outbox.replay exists only as a job), the person who asked
+// for the job as its actor. Without them an event a job retried, discarded
+// or replayed read "No console action has touched this event". The
+// returned refs map each chunk row's seq to its job, for the pages to say
+// "via bulk job" (a link when jobLinks: the user may open jobs). Each event's actions
+// come newest first.
+func (a *App) bulkActions(ctx context.Context, jobLinks bool, ids []string, limit int) (map[string][]audit.Entry, map[int64]views.BulkRef, error) {
+	chunks, err := audit.ChunksNaming(ctx, a.pool, ids, limit)
+	if err != nil || len(chunks) == 0 {
+		return nil, nil, err
+	}
+	who := map[string]string{} // job id → who asked for it
+	events := map[string][]audit.Entry{}
+	refs := map[int64]views.BulkRef{}
+	for _, ch := range chunks {
+		name, seen := who[ch.Job]
+		if !seen {
+			name = runnerActor // the job's row is gone or unreadable: the chunk's own actor
+			if id, err := uuid.Parse(ch.Job); err == nil {
+				j, err := outbox.GetJob(ctx, a.pool, id)
+				switch {
+				case err == nil:
+					name = j.RequestedBy
+				case !errors.Is(err, outbox.ErrJobNotFound):
+					return nil, nil, err
+				}
+			}
+			who[ch.Job] = name
+		}
+		e := ch.Entry
+		e.Action = "outbox." + ch.Kind
+		e.ActorName, e.ActorSub, e.ActorRoles = name, "", nil
+		events[ch.Event] = append(events[ch.Event], e)
+		ref := views.BulkRef{Job: ch.Job}
+		if jobLinks {
+			ref.URL = "/jobs/" + ch.Job
+		}
+		refs[e.Seq] = ref
+	}
+	return events, refs, nil
+}
+
+// withBulk merges an event's own audit rows with its bulk jobs' actions,
+// newest first, the newest limit of them.
+func withBulk(own, bulk []audit.Entry, limit int) []audit.Entry {
+	all := append(append(make([]audit.Entry, 0, len(own)+len(bulk)), own...), bulk...)
+	slices.SortStableFunc(all, func(x, y audit.Entry) int { return cmp.Compare(y.Seq, x.Seq) })
+	if len(all) > limit {
+		all = all[:limit]
+	}
+	return all
 }

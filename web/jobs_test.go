@@ -606,3 +606,105 @@ func TestOutboxListOpensTheBulkFormWithItsFilter(t *testing.T) {
 		t.Error("a viewer's list offers a bulk action")
 	}
 }
+
+// An event a bulk job changed shows that job on its page and in its trace,
+// as a single action's audit row does: before, a bulk retry, discard or
+// replay left the page reading "No console action has touched this event".
+// The actor is the person who asked for the job, the row links to the job
+// for those who may open it, and the timeline reads the bulk retry as the
+// retry it was (an earlier death, then the attempts since it).
+func TestEventPagesShowTheBulkJobsThatChangedThem(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	seedDeadEvents(t, h, "bj", 3)
+	seedDeadEvents(t, h, "untouched", 1)
+	outboxtest.Insert(t, h.pool, outboxtest.Seed{N: 2, Topic: "rp", AggregateType: "order", AggregateID: "rp-{n}",
+		Status: "published", Age: time.Hour})
+	b, token := h.signedIn(t, "oncall")
+	ctx := context.Background()
+	idsOf := func(topic string) []string {
+		t.Helper()
+		rows, err := h.pool.Query(ctx, `SELECT id::text FROM outbox_event WHERE topic = $1 ORDER BY id`, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	retried, untouched, replayed := idsOf("bj"), idsOf("untouched")[0], idsOf("rp")
+
+	retryJob := h.confirmBulk(t, b, token, url.Values{"status": {"dead"}, "topic": {"bj"}, "action": {"retry"}, "reason": {"broker fixed"}})
+	waitJob(t, h, retryJob, outbox.JobDone)
+	// Then one of them is dead-lettered by hand: the timeline puts the
+	// job's retry before the attempts line and the operator's action after.
+	if resp, body := h.postForm(t, b, "/outbox/"+retried[0]+"/dead-letter",
+		url.Values{"csrf_token": {token}, "expected": {"pending"}, "reason": {"bad payload"}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("dead-letter: %d %s", resp.StatusCode, body)
+	}
+	replayJob := h.confirmBulk(t, b, token, url.Values{"topic": {"rp"}, "action": {"replay"}, "reason": {"billing restored"}})
+	waitJob(t, h, replayJob, outbox.JobDone)
+
+	_, body := b.get(t, h.base+"/outbox/"+retried[0], "text/html")
+	d := doc(t, body)
+	var timeline []string
+	d.Find(`[data-testid="timeline"] li`).Each(func(_ int, s *goquery.Selection) {
+		timeline = append(timeline, strings.Join(strings.Fields(s.Text()), " "))
+	})
+	want := []string{"created", "dead (a bulk job", "retry by oncall via bulk job", // no attempts since: no attempts line
+		"dead letter by oncall", "dead"}
+	if len(timeline) != len(want) {
+		t.Fatalf("timeline %q, want lines starting %q", timeline, want)
+	}
+	for i := range want {
+		if !strings.HasPrefix(timeline[i], want[i]) {
+			t.Errorf("timeline line %d %q, want it to start %q (all: %q)", i, timeline[i], want[i], timeline)
+		}
+	}
+	if !strings.Contains(timeline[2], "…"+retryJob.String()[24:]+" ") {
+		t.Errorf("the bulk retry's line %q does not name its job apart from the time", timeline[2])
+	}
+	if link := d.Find(`[data-testid="bulk-action"] a[data-testid="bulk-job"]`).AttrOr("href", ""); link != "/jobs/"+retryJob.String() {
+		t.Errorf("the timeline's bulk retry links to %q, want its job", link)
+	}
+	rows := d.Find(`[data-testid="audit-row"]`)
+	if rows.Length() != 2 || !strings.Contains(rows.Eq(1).Text(), "outbox.retry") || !strings.Contains(rows.Eq(1).Text(), "via bulk job") ||
+		!strings.Contains(rows.Eq(1).Text(), "broker fixed") || rows.Eq(1).Find(`a[data-testid="bulk-job"]`).AttrOr("href", "") != "/jobs/"+retryJob.String() {
+		t.Errorf("audit rows: the newest should be the dead-letter, the other the job's retry with its reason and link: %s", outerHTML(rows))
+	}
+
+	_, body = b.get(t, h.base+"/outbox/"+replayed[1], "text/html")
+	d = doc(t, body)
+	if got := strings.Join(strings.Fields(d.Find(`[data-testid="bulk-action"]`).Text()), " "); !strings.HasPrefix(got, "replay by oncall via bulk job") {
+		t.Errorf("replayed event's timeline says %q", got)
+	}
+	if d.Find(`[data-testid="audit-empty"]`).Length() != 0 {
+		t.Error("a replayed event's page says no console action touched it")
+	}
+
+	_, body = b.get(t, h.base+"/outbox/"+untouched, "text/html")
+	if d := doc(t, body); d.Find(`[data-testid="audit-empty"]`).Length() != 1 || d.Find(`[data-testid="bulk-action"]`).Length() != 0 {
+		t.Errorf("an event no job touched: %s", body)
+	}
+
+	_, body = b.get(t, h.base+"/trace/event/"+retried[1], "text/html")
+	if !strings.Contains(body, "outbox.retry by oncall via bulk job "+retryJob.String()[:8]) {
+		t.Errorf("the trace does not show the job's retry: %s", body)
+	}
+
+	// An auditor cannot open jobs: the job is named, not linked.
+	a, _ := h.signedIn(t, "auditor")
+	_, body = a.get(t, h.base+"/outbox/"+retried[1], "text/html")
+	d = doc(t, body)
+	if job := d.Find(`[data-testid="bulk-action"] [data-testid="bulk-job"]`); job.Length() != 1 || goquery.NodeName(job) != "code" ||
+		job.AttrOr("title", "") != retryJob.String() {
+		t.Errorf("the auditor's page names the job as %s", outerHTML(job))
+	}
+}
+
+func outerHTML(s *goquery.Selection) string {
+	h, _ := goquery.OuterHtml(s)
+	return h
+}

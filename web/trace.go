@@ -267,7 +267,39 @@ func (a *App) traceEvents(ctx context.Context, b *traceBuilder, events []outbox.
 				"message "+short(r.MessageID)+" · "+views.CountOf(int64(r.Effects), "effect row", "effect rows"), "/inbox", "Inbox")
 		}
 	}
-	return b.addAudit(ctx, a, auditTargetOutbox, ids...)
+	if err := b.addAudit(ctx, a, auditTargetOutbox, ids...); err != nil {
+		return err
+	}
+	return b.addBulk(ctx, a, ids)
+}
+
+// addBulk adds the bulk jobs' actions on the events, once per chunk row
+// (one chunk may have changed several of the trace's events).
+func (b *traceBuilder) addBulk(ctx context.Context, a *App, ids []string) error {
+	bulk, refs, err := a.bulkActions(ctx, true, ids, traceAuditRows)
+	if err != nil {
+		return err
+	}
+	seen := map[int64]bool{}
+	for _, id := range ids {
+		for _, e := range bulk[id] {
+			if seen[e.Seq] {
+				continue
+			}
+			seen[e.Seq] = true
+			link, text := refs[e.Seq].URL, "Job"
+			if b.canAudit {
+				link, text = "/audit/"+strconv.FormatInt(e.Seq, 10), "Audit row"
+			}
+			detail := "outcome " + e.Outcome
+			if e.Reason != "" {
+				detail += " · reason: " + e.Reason
+			}
+			b.add(e.OccurredAt, "audit", fmt.Sprintf("Audit #%d %s by %s via bulk job %s", e.Seq, e.Action, e.ActorName, short(refs[e.Seq].Job)),
+				detail, link, text)
+		}
+	}
+	return nil
 }
 
 // traceBuilder collects a trace's steps; data orders them and measures the

@@ -8,6 +8,9 @@ import (
 	"github.com/sluice-dev/sluice/internal/db"
 )
 
+// ChunksNamingSQL is ChunksNaming's statement, for its plan's test.
+const ChunksNamingSQL = chunksNamingSQL
+
 // RecomputeChain rewrites prev_hash and hash of every row in seq order so
 // the chain verifies again, as someone with the table owner's rights would
 // after editing a row. tx must have the triggers off.
