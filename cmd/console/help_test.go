@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"testing"
@@ -87,6 +88,43 @@ func TestDatabaseURLFlagWherever(t *testing.T) {
 		}
 		if !reads && name != "provider-sim" {
 			t.Errorf("console %s: help never names DATABASE_URL", name)
+		}
+	}
+}
+
+// Usage never prints a variable's value: the environment seeds a flag's
+// value, and the flag package printed it as the flag's default, so `serve
+// --help` showed PII_KEYS, OIDC_CLIENT_SECRET and DATABASE_URL's password,
+// and a mistyped flag printed the same usage to stderr, where a service's
+// log collector keeps it. Every variable every subcommand reads is set to a
+// canary here; help and usage errors must name none of them, and say the
+// variable is set.
+func TestUsageNeverPrintsTheEnvironmentsValues(t *testing.T) {
+	t.Parallel()
+	canary := func(key string) (string, bool) { return "CANARY-" + key + "-s3cret", true }
+	for name, cmd := range commands() {
+		verbs := cmd.verbs
+		if len(verbs) == 0 {
+			verbs = []string{""}
+		}
+		for _, v := range verbs {
+			args := []string{name}
+			if v != "" {
+				args = append(args, v)
+			}
+			for _, last := range []string{"--help", "--no-such-flag"} {
+				var out, errb bytes.Buffer
+				code := run(context.Background(), append(append([]string(nil), args...), last), env{lookup: canary, stdout: &out, stderr: &errb})
+				all := out.String() + errb.String()
+				if strings.Contains(all, "CANARY-") {
+					i := strings.Index(all, "CANARY-")
+					t.Errorf("console %s %s (exit %d) printed a variable's value: …%s…", strings.Join(args, " "), last, code,
+						all[max(0, i-80):min(len(all), i+40)])
+				}
+				if last == "--help" && strings.Contains(all, "(env ") && !strings.Contains(all, ", set)") {
+					t.Errorf("console %s --help does not say which variables are set: %q", strings.Join(args, " "), all)
+				}
+			}
 		}
 	}
 }

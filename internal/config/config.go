@@ -69,24 +69,42 @@ func (f *Flags) env(name string) (string, bool) {
 	return v, true
 }
 
-func usageWithEnv(usage, env string) string {
-	if env == "" {
+func usageWithEnv(usage, env string, set bool) string {
+	switch {
+	case env == "":
 		return usage
+	case set:
+		return usage + " (env " + env + ", set)"
 	}
 	return usage + " (env " + env + ")"
 }
 
+// shown registers the flag just defined with its built-in default as the
+// one usage prints, never the environment's value, which seeds the flag's
+// value only: that value may be a secret (PII_KEYS, OIDC_CLIENT_SECRET, a
+// DATABASE_URL with its password), and usage is printed on --help and, to
+// stderr where logs collect it, on every mistyped flag. The usage text says
+// when the variable is set.
+func (f *Flags) shown(name, builtin string) {
+	f.fs.Lookup(name).DefValue = builtin
+}
+
 // String registers a string flag.
 func (f *Flags) String(p *string, name, env, def, usage string) {
-	if v, ok := f.env(env); ok {
+	builtin := def
+	v, set := f.env(env)
+	if set {
 		def = v
 	}
-	f.fs.StringVar(p, name, def, usageWithEnv(usage, env))
+	f.fs.StringVar(p, name, def, usageWithEnv(usage, env, set))
+	f.shown(name, builtin)
 }
 
 // Int registers an int flag.
 func (f *Flags) Int(p *int, name, env string, def int, usage string) {
-	if v, ok := f.env(env); ok {
+	builtin := def
+	v, set := f.env(env)
+	if set {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil {
 			f.envErr = append(f.envErr, fmt.Errorf("%s: %q is not a whole number", env, v))
@@ -94,12 +112,15 @@ func (f *Flags) Int(p *int, name, env string, def int, usage string) {
 			def = n
 		}
 	}
-	f.fs.IntVar(p, name, def, usageWithEnv(usage, env))
+	f.fs.IntVar(p, name, def, usageWithEnv(usage, env, set))
+	f.shown(name, strconv.Itoa(builtin))
 }
 
 // Duration registers a duration flag (Go syntax: 500ms, 30s, 72h).
 func (f *Flags) Duration(p *time.Duration, name, env string, def time.Duration, usage string) {
-	if v, ok := f.env(env); ok {
+	builtin := def
+	v, set := f.env(env)
+	if set {
 		d, err := time.ParseDuration(strings.TrimSpace(v))
 		if err != nil {
 			f.envErr = append(f.envErr, fmt.Errorf("%s: %q is not a duration (examples: 500ms, 30s, 72h)", env, v))
@@ -107,12 +128,15 @@ func (f *Flags) Duration(p *time.Duration, name, env string, def time.Duration, 
 			def = d
 		}
 	}
-	f.fs.DurationVar(p, name, def, usageWithEnv(usage, env))
+	f.fs.DurationVar(p, name, def, usageWithEnv(usage, env, set))
+	f.shown(name, builtin.String())
 }
 
 // Bool registers a boolean flag.
 func (f *Flags) Bool(p *bool, name, env string, def bool, usage string) {
-	if v, ok := f.env(env); ok {
+	builtin := def
+	v, set := f.env(env)
+	if set {
 		b, err := strconv.ParseBool(strings.TrimSpace(v))
 		if err != nil {
 			f.envErr = append(f.envErr, fmt.Errorf("%s: %q is not true or false", env, v))
@@ -120,7 +144,8 @@ func (f *Flags) Bool(p *bool, name, env string, def bool, usage string) {
 			def = b
 		}
 	}
-	f.fs.BoolVar(p, name, def, usageWithEnv(usage, env))
+	f.fs.BoolVar(p, name, def, usageWithEnv(usage, env, set))
+	f.shown(name, strconv.FormatBool(builtin))
 }
 
 // Parse reads the command line. It returns ErrHelp after printing usage, a
