@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -47,19 +49,48 @@ func TestEveryCommandAndVerbAnswersHelpAndDoesNothingElse(t *testing.T) {
 	}
 }
 
-// Flags are accepted after the verb, and --database-url wherever
-// DATABASE_URL is.
+// Flags are accepted before and after the verb, and --database-url
+// wherever DATABASE_URL is. merchants, outbox, pii and payments read their
+// first argument as the verb, so a flag before it was "unknown verb".
 func TestFlagsAfterTheVerb(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t)
+	settlement := filepath.Join(t.TempDir(), "settlement.csv")
+	if err := os.WriteFile(settlement, []byte("0190f3a2-7c1e-7d4b-9a51-1f2e3d4c5b6a,succeeded\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
 		{"migrate", "status", "--database-url", url},
 		{"migrate", "--database-url", url, "status"},
 		{"audit", "verify", "--database-url", url},
+		{"audit", "--database-url", url, "verify"},
 		{"version", "--database-url", url},
+		{"outbox", "--database-url", url, "recount"},
+		// A flag's value that is also a verb is a value, not the verb.
+		{"outbox", "--reason", "pause", "--database-url", url, "pause", "flags.before"},
+		{"outbox", "--reason=back", "resume", "--database-url", url, "flags.before"},
+		{"merchants", "--database-url", url, "add", "flags-shop"},
+		// A boolean flag takes no value: keys is the verb.
+		{"merchants", "--new", "--database-url", url, "keys", "flags-shop"},
+		{"pii", "--id", "k1", "keygen"},
+		{"payments", "--database-url", url, "--dry-run", "reconcile", "--file", settlement},
 	} {
-		if code, stdout, stderr := runConsole(t, nil, args...); code != 0 {
-			t.Errorf("console %s: exit %d stdout %q stderr %q", strings.Join(args[:2], " "), code, stdout, stderr)
+		code, stdout, stderr := runConsole(t, nil, args...)
+		// The settlement file names a payment nobody has: exit 1, having
+		// read the file as a reconcile (a usage error is 2).
+		if args[0] == "payments" {
+			if code != 1 || !strings.Contains(stdout, "dry run") {
+				t.Errorf("console %s: exit %d stdout %q stderr %q, want a dry run that finds no payment", strings.Join(args, " "), code, stdout, stderr)
+			}
+			continue
+		}
+		if code != 0 {
+			t.Errorf("console %s: exit %d stdout %q stderr %q", strings.Join(args, " "), code, stdout, stderr)
+		}
+	}
+	for _, args := range [][]string{{"merchants", "--database-url", url}, {"outbox", "--reason", "x"}, {"pii", "--id", "k1"}, {"payments", "--dry-run"}} {
+		if code, _, stderr := runConsole(t, nil, args...); code != 2 || !strings.Contains(stderr, "want") {
+			t.Errorf("console %s: exit %d stderr %q, want 2 asking for a verb", strings.Join(args, " "), code, stderr)
 		}
 	}
 }

@@ -7,11 +7,13 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -111,6 +113,52 @@ func oneLine(err error) string {
 type settings interface {
 	Register(f *config.Flags)
 	Validate() error
+}
+
+// verbAmongFlags finds a subcommand's verb wherever it stands among the
+// flags (README: flags may come before or after the verb): the first
+// argument that is neither a flag nor a flag's value. The verbs' settings
+// say which flags take a value; a flag none of them knows is passed over
+// (the verb's own parse refuses it). It returns the verb and the other
+// arguments in their order; ok is false when there is no verb.
+func verbAmongFlags(args []string, verbs ...settings) (verb string, rest []string, ok bool) {
+	sets := make([]*flag.FlagSet, len(verbs))
+	for i, v := range verbs {
+		f := config.NewFlags("", "", nil, io.Discard)
+		v.Register(f)
+		sets[i] = f.FlagSet()
+	}
+	takesValue := func(name string) bool {
+		for _, fs := range sets {
+			if fl := fs.Lookup(name); fl != nil {
+				b, isBool := fl.Value.(interface{ IsBoolFlag() bool })
+				return !isBool || !b.IsBoolFlag()
+			}
+		}
+		return false
+	}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			if i+1 < len(args) {
+				return args[i+1], append(append([]string(nil), args[:i+1]...), args[i+2:]...), true
+			}
+			return "", args, false
+		case len(a) > 1 && a[0] == '-':
+			if name := strings.TrimLeft(a, "-"); !strings.Contains(name, "=") && takesValue(name) {
+				i++
+			}
+		default:
+			return a, append(append([]string(nil), args[:i]...), args[i+1:]...), true
+		}
+	}
+	return "", args, false
+}
+
+// askedForHelp reports whether args ask for help without naming a verb.
+func askedForHelp(args []string) bool {
+	return slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "--help" || a == "-help" })
 }
 
 // configure is how every subcommand starts: c's flags and their

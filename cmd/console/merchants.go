@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/internal/config"
@@ -28,21 +29,22 @@ merchant's own accounts.
   revoke KEY_ID                       revoke a key at once (requests with it get 401)
 
 Keys rotate: create a new key, move the client to it, then revoke the old one.
-Flags may follow the verb; every verb needs DATABASE_URL (or --database-url).
+Flags may come before or after the verb; every verb needs DATABASE_URL (or --database-url).
 Per-invocation flags (--name, --account, --new) have no environment twin, so a
 variable left set never repeats an action by itself.
 `
 
 func runMerchants(ctx context.Context, e env, args []string) error {
-	if len(args) == 0 {
+	verb, args, found := verbAmongFlags(args, &config.Merchants{})
+	switch {
+	case !found && askedForHelp(args), verb == "help":
+		fmt.Fprint(e.stdout, merchantsUsage)
+		return config.ErrHelp
+	case !found:
 		fmt.Fprint(e.stderr, merchantsUsage)
 		return &config.UsageError{Err: errors.New("want a verb: add, assign, keys or revoke")}
 	}
-	verb := args[0]
 	switch verb {
-	case "-h", "--help", "help":
-		fmt.Fprint(e.stdout, merchantsUsage)
-		return config.ErrHelp
 	case "add", "assign", "keys", "revoke":
 	default:
 		return &config.UsageError{Err: fmt.Errorf("unknown verb %q (want add, assign, keys or revoke)", verb)}
@@ -65,7 +67,7 @@ func runMerchants(ctx context.Context, e env, args []string) error {
 		}
 		return nil
 	}
-	pos, err := configure(e, "merchants "+verb, merchantsUsage, &c, args[1:], usage)
+	pos, err := configure(e, "merchants "+verb, merchantsUsage, &c, args, usage)
 	if err != nil {
 		return err
 	}
@@ -77,12 +79,26 @@ func runMerchants(ctx context.Context, e env, args []string) error {
 	id := pos[0]
 	switch verb {
 	case "add":
-		if err := payments.CreateMerchant(ctx, pool, id, c.Name); err != nil {
-			return err
+		// One transaction: a refused account (missing, another merchant's)
+		// leaves no merchant behind, so the command that failed changed
+		// nothing and can be run again as it is once corrected.
+		err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+			if err := payments.CreateMerchant(ctx, tx, id, c.Name); err != nil {
+				return err
+			}
+			for _, a := range accounts {
+				if err := payments.AssignAccount(ctx, tx, id, a); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("%w (merchant %s not added)", err, id)
 		}
 		fmt.Fprintf(e.stdout, "merchant %s added\n", id)
-		if err := assignAccounts(ctx, e, pool, id, accounts); err != nil {
-			return err
+		for _, a := range accounts {
+			fmt.Fprintf(e.stdout, "account %d belongs to merchant %s\n", a, id)
 		}
 		fmt.Fprintf(e.stdout, "create its first API key with: console merchants keys %s --new\n", id)
 	case "assign":
@@ -125,11 +141,20 @@ func runMerchants(ctx context.Context, e env, args []string) error {
 	return nil
 }
 
+// assignAccounts gives every account or none (one refused, none moves).
 func assignAccounts(ctx context.Context, e env, pool *pgxpool.Pool, merchant string, accounts []int64) error {
-	for _, a := range accounts {
-		if err := payments.AssignAccount(ctx, pool, merchant, a); err != nil {
-			return err
+	err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+		for _, a := range accounts {
+			if err := payments.AssignAccount(ctx, tx, merchant, a); err != nil {
+				return err
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w (no account assigned)", err)
+	}
+	for _, a := range accounts {
 		fmt.Fprintf(e.stdout, "account %d belongs to merchant %s\n", a, merchant)
 	}
 	return nil

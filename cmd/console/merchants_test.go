@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"regexp"
 	"strings"
 	"testing"
@@ -28,7 +29,7 @@ func TestMerchantsCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	for _, id := range []int64{7, 8} {
+	for _, id := range []int64{7, 8, 9} {
 		if err := payments.CreateAccount(ctx, pool, "", id, "TRY", decimal.New(100, 0)); err != nil {
 			t.Fatal(err)
 		}
@@ -38,10 +39,28 @@ func TestMerchantsCommand(t *testing.T) {
 		!strings.Contains(out, "merchant shop-1 added") || !strings.Contains(out, "account 7 belongs to merchant shop-1") {
 		t.Fatalf("add: code %d out %q stderr %q", code, out, stderr)
 	}
-	if code, _, stderr := runConsole(t, envs, "merchants", "add", "shop-2", "--account", "7"); code != 1 || !strings.Contains(stderr, "another merchant") {
-		t.Fatalf("add with another merchant's account: code %d stderr %q", code, stderr)
+	// A refused account adds no merchant: the failed command changed
+	// nothing, and runs as it is once corrected.
+	for _, account := range []string{"7", "8,7", "999"} {
+		code, out, stderr := runConsole(t, envs, "merchants", "add", "shop-2", "--account", account)
+		if code != 1 || strings.Contains(out, "added") || !strings.Contains(stderr, "merchant shop-2 not added") {
+			t.Fatalf("add with account(s) %s (another merchant's or none): code %d out %q stderr %q", account, code, out, stderr)
+		}
+		if _, err := payments.GetMerchant(ctx, pool, "shop-2"); !errors.Is(err, payments.ErrNotFound) {
+			t.Fatalf("a refused add (account %s) left the merchant behind: %v", account, err)
+		}
 	}
-	if code, out, stderr := runConsole(t, envs, "merchants", "assign", "shop-2", "--account", "8"); code != 0 || !strings.Contains(out, "account 8 belongs to merchant shop-2") {
+	if code, out, stderr := runConsole(t, envs, "merchants", "add", "shop-2", "--account", "8"); code != 0 || !strings.Contains(out, "account 8 belongs to merchant shop-2") {
+		t.Fatalf("add: code %d out %q stderr %q", code, out, stderr)
+	}
+	// assign is all or nothing too.
+	if code, out, stderr := runConsole(t, envs, "merchants", "assign", "shop-2", "--account", "9,7"); code != 1 || strings.Contains(out, "belongs") {
+		t.Fatalf("assign with another merchant's account: code %d out %q stderr %q", code, out, stderr)
+	}
+	if accounts, err := payments.MerchantAccounts(ctx, pool, "shop-2"); err != nil || len(accounts) != 1 || accounts[0] != 8 {
+		t.Fatalf("a refused assign moved accounts: shop-2 owns %v (%v), want only 8", accounts, err)
+	}
+	if code, out, stderr := runConsole(t, envs, "merchants", "assign", "shop-2", "--account", "9"); code != 0 || !strings.Contains(out, "account 9 belongs to merchant shop-2") {
 		t.Fatalf("assign: code %d out %q stderr %q", code, out, stderr)
 	}
 	code, out, stderr := runConsole(t, envs, "merchants", "keys", "shop-1", "--new")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/sluice-dev/sluice/internal/audit"
 	"github.com/sluice-dev/sluice/internal/config"
@@ -32,25 +33,29 @@ recount reads O(pending + dead) rows and is safe while relays and producers run.
 `
 
 func runOutbox(ctx context.Context, e env, args []string) error {
-	if len(args) == 0 {
+	verb, args, found := verbAmongFlags(args, &config.OutboxTopic{})
+	switch {
+	case !found && askedForHelp(args), verb == "help":
+		fmt.Fprint(e.stdout, outboxUsage)
+		return config.ErrHelp
+	case !found:
 		fmt.Fprint(e.stderr, outboxUsage)
 		return &config.UsageError{Err: errors.New("want a verb: pause, resume or recount")}
 	}
-	verb := args[0]
 	switch verb {
-	case "-h", "--help", "help":
-		fmt.Fprint(e.stdout, outboxUsage)
-		return config.ErrHelp
 	case "pause", "resume":
 	case "recount":
-		return runOutboxRecount(ctx, e, args[1:])
+		return runOutboxRecount(ctx, e, args)
 	default:
 		return &config.UsageError{Err: fmt.Errorf("unknown verb %q (want pause, resume or recount)", verb)}
 	}
 	var c config.OutboxTopic
-	pos, err := configure(e, "outbox "+verb, outboxUsage, &c, args[1:], func(pos []string) error {
+	pos, err := configure(e, "outbox "+verb, outboxUsage, &c, args, func(pos []string) error {
 		if len(pos) != 1 {
 			return fmt.Errorf("outbox %s wants exactly one argument, the TOPIC (got %d)", verb, len(pos))
+		}
+		if strings.TrimSpace(c.Reason) == "" { // a usage error (2), as the TOPIC's absence is
+			return errors.New("--reason is required: say why (it is kept in the audit trail)")
 		}
 		return outbox.ValidTopic(pos[0])
 	})

@@ -37,7 +37,7 @@ func TestOutboxPauseAndResumeFromTheCommandLine(t *testing.T) {
 		return by, reason
 	}
 
-	if code, _, stderr := runConsole(t, envs, "outbox", "pause", "billing"); code != 1 || !strings.Contains(stderr, "--reason") {
+	if code, _, stderr := runConsole(t, envs, "outbox", "pause", "billing"); code != 2 || !strings.Contains(stderr, "--reason") {
 		t.Fatalf("pause without reason: code %d, stderr %s", code, stderr)
 	}
 	if code, _, _ := runConsole(t, envs, "outbox", "pause"); code != 2 {

@@ -18,15 +18,16 @@ import (
 )
 
 func runPayments(ctx context.Context, e env, args []string) error {
-	if len(args) == 0 || args[0] != "reconcile" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+	verb, args, found := verbAmongFlags(args, &config.PaymentsReconcile{})
+	if verb != "reconcile" {
+		if (!found && askedForHelp(args)) || verb == "help" {
 			fmt.Fprintln(e.stdout, "Usage: console payments reconcile --file F [--dry-run]   (apply a provider settlement file)")
 			return config.ErrHelp
 		}
 		return &config.UsageError{Err: fmt.Errorf("want `payments reconcile --file F [--dry-run]`")}
 	}
 	var c config.PaymentsReconcile
-	if _, err := configure(e, "payments reconcile", "Apply a provider settlement file (the end-of-day path): CSV lines operation_id,outcome[,provider_ref],\noutcome succeeded|failed. The whole file is read and validated first: one invalid line (or an empty file)\nand nothing is applied. Then each unknown payment named is resolved once (a line is a definite provider\nanswer); a final payment the file contradicts gets a discrepancy for an operator and is not changed.\nEach line's result is printed, then a summary. Applying a file twice changes nothing the second time.\nWith --dry-run it prints what it would change and changes nothing.\nExit 1 when the file is invalid or empty, names charges we have no payment for, or contradicts us.", &c, args[1:], nil); err != nil {
+	if _, err := configure(e, "payments reconcile", "Apply a provider settlement file (the end-of-day path): CSV lines operation_id,outcome[,provider_ref],\noutcome succeeded|failed. The whole file is read and validated first: one invalid line (or an empty file)\nand nothing is applied. Then each unknown payment named is resolved once (a line is a definite provider\nanswer); a final payment the file contradicts gets a discrepancy for an operator and is not changed.\nEach line's result is printed, then a summary. Applying a file twice changes nothing the second time.\nWith --dry-run it prints what it would change and changes nothing.\nExit 1 when the file is invalid or empty, names charges we have no payment for, or contradicts us.", &c, args, nil); err != nil {
 		return err
 	}
 	var in io.Reader = os.Stdin

@@ -37,27 +37,28 @@ database before it encrypts anything. rotate and check need DATABASE_URL
 `
 
 func runPII(ctx context.Context, e env, args []string) error {
-	if len(args) == 0 {
+	verb, args, found := verbAmongFlags(args, &config.PII{}, &config.PIIKeygen{})
+	switch {
+	case !found && askedForHelp(args), verb == "help":
+		fmt.Fprint(e.stdout, piiUsage)
+		return config.ErrHelp
+	case !found:
 		fmt.Fprint(e.stderr, piiUsage)
 		return &config.UsageError{Err: errors.New("want a verb: keygen, rotate or check")}
 	}
-	switch args[0] {
-	case "-h", "--help", "help":
-		fmt.Fprint(e.stdout, piiUsage)
-		return config.ErrHelp
+	switch verb {
 	case "keygen":
-		return runPIIKeygen(e, args[1:])
+		return runPIIKeygen(e, args)
 	case "rotate", "check":
 	default:
-		return &config.UsageError{Err: fmt.Errorf("unknown verb %q (want keygen, rotate or check)", args[0])}
+		return &config.UsageError{Err: fmt.Errorf("unknown verb %q (want keygen, rotate or check)", verb)}
 	}
-	verb := args[0]
 	var c config.PII
 	summary := "Re-encrypt every PII value that is not under the first key of PII_KEYS, in small resumable batches."
 	if verb == "check" {
 		summary = "Count PII values per key id and envelope version, and those that do not open."
 	}
-	if _, err := configure(e, "pii "+verb, summary, &c, args[1:], nil); err != nil {
+	if _, err := configure(e, "pii "+verb, summary, &c, args, nil); err != nil {
 		return err
 	}
 	if verb == "check" && c.DryRun {
@@ -84,7 +85,7 @@ func runPIIKeygen(e env, args []string) error {
 	}
 	key, err := pii.GenerateKey(c.KeyID)
 	if err != nil {
-		return err
+		return &config.UsageError{Err: err} // the only input is --id
 	}
 	fmt.Fprintln(e.stdout, key)
 	fmt.Fprintf(e.stderr, "new key %s: back it up outside the database, put it first in PII_KEYS, then run `console pii rotate`\n", c.KeyID)

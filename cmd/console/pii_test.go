@@ -25,7 +25,7 @@ func TestPIIKeygen(t *testing.T) {
 	if _, err := pii.ParseKeyring(strings.TrimSpace(out), blind); err != nil {
 		t.Fatalf("the printed key is not a PII_KEYS entry: %v", err)
 	}
-	if code, _, errOut := runConsole(t, nil, "pii", "keygen", "--id", "bad id"); code != 1 || !strings.Contains(errOut, "key id") {
+	if code, _, errOut := runConsole(t, nil, "pii", "keygen", "--id", "bad id"); code != 2 || !strings.Contains(errOut, "key id") {
 		t.Fatalf("bad id: exit %d, stderr %q", code, errOut)
 	}
 	if code, _, _ := runConsole(t, nil, "pii", "forget"); code != 2 {
