@@ -100,6 +100,9 @@ type resolveForm struct {
 	outcome  payments.Outcome
 	raw      views.ResolveForm
 	problems map[string]string // field → what is wrong; nothing is attempted
+	// notSeenUnknown: the form did not carry expected=unknown (not our
+	// page's form, or an old one): refused as a 400, and audited.
+	notSeenUnknown bool
 }
 
 func parseResolveForm(c echo.Context) (resolveForm, error) {
@@ -110,9 +113,7 @@ func parseResolveForm(c echo.Context) (resolveForm, error) {
 	f := resolveForm{op: op, problems: map[string]string{}, raw: views.ResolveForm{
 		Outcome: c.FormValue("outcome"), Reason: strings.TrimSpace(c.FormValue("reason")), Evidence: strings.TrimSpace(c.FormValue("evidence")),
 	}}
-	if c.FormValue("expected") != string(payments.StatusUnknown) {
-		return f, badRequest("The form did not say that the payment was unknown when you saw it; reload the payment and try again.")
-	}
+	f.notSeenUnknown = c.FormValue("expected") != string(payments.StatusUnknown)
 	if f.outcome, err = payments.ParseOutcome(f.raw.Outcome); err != nil {
 		f.problems["outcome"] = "Choose succeeded or failed."
 	}
@@ -160,6 +161,10 @@ func (a *App) resolvePayment(c echo.Context) error {
 	}
 	ev := a.actorEvent(c, sess, action, auditTargetPayment, f.op.String())
 	ev.Reason, ev.Evidence = f.raw.Reason, f.raw.Evidence
+	if f.notSeenUnknown {
+		a.auditAttempt(ctx, ev, "bad_request", nil)
+		return badRequest("The form did not say that the payment was unknown when you saw it; reload the payment and try again.")
+	}
 	if len(f.problems) > 0 {
 		a.auditAttempt(ctx, ev, "invalid", nil)
 		return a.renderPayment(c, http.StatusUnprocessableEntity, f.op, func(d *views.PaymentData) {

@@ -163,6 +163,19 @@ func TestResolveNeedsReasonAndEvidence(t *testing.T) {
 	if e := h.effectsOf(t, op); e.status != "unknown" {
 		t.Fatalf("moved without evidence: %+v", e)
 	}
+	// A form that does not say the payment was unknown when seen is a 400,
+	// and an attempt in the audit trail like any other refused one.
+	form = resolveForm(token, "succeeded")
+	form.Set("expected", "processing")
+	if resp, _ := h.postForm(t, b, "/payments/"+op.String()+"/resolve", form); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("%d for a form that did not see the payment unknown, want 400", resp.StatusCode)
+	}
+	if n := h.countAudit(t, `action = 'payments.resolve' AND outcome = 'error' AND error_code = 'bad_request' AND target_id = $1 AND actor_name = 'oncall'`, op.String()); n != 1 {
+		t.Errorf("%d audit rows for the refused form, want 1", n)
+	}
+	if e := h.effectsOf(t, op); e.status != "unknown" {
+		t.Fatalf("moved by a refused form: %+v", e)
+	}
 }
 
 // Above the threshold nothing moves until a different operator approves;

@@ -69,7 +69,7 @@ func (a *App) trace(c echo.Context) error {
 		if perr != nil || len(raw) != 36 {
 			return badRequest("That is not an operation id: an id is a UUID such as 0190f3a2-7c1e-7d4b-9a51-1f2e3d4c5b6a.")
 		}
-		b.title = "Payment " + op.String()
+		b.title, b.subject = "Payment "+op.String(), op.String()
 		err = a.tracePayment(ctx, b, op, nil)
 	case traceKindAggregate:
 		// Aggregate ids are the writers' own strings: the link escapes
@@ -81,14 +81,14 @@ func (a *App) trace(c echo.Context) error {
 		if !ok || typ == "" || id == "" {
 			return badRequest("An aggregate is written type:id, for example order:0190f3a2-7c1e-7d4b-9a51-1f2e3d4c5b6a or payment:<operation id>.")
 		}
-		b.title = "Aggregate " + typ + " " + id
+		b.title, b.subject = "Aggregate "+typ+" "+id, id
 		err = a.traceAggregate(ctx, b, typ, id)
 	case traceKindEvent:
 		id, perr := uuid.Parse(raw)
 		if perr != nil || len(raw) != 36 {
 			return badRequest("That is not an event id: an id is a UUID such as 0190f3a2-7c1e-7d4b-9a51-1f2e3d4c5b6a.")
 		}
-		b.title = "Event " + id.String()
+		b.title, b.subject = "Event "+id.String(), id.String()
 		err = a.traceEvent(ctx, b, id)
 	default:
 		return &publicError{status: http.StatusNotFound,
@@ -306,6 +306,7 @@ func (b *traceBuilder) addBulk(ctx context.Context, a *App, ids []string) error 
 // lags.
 type traceBuilder struct {
 	title     string
+	subject   string // the id the trace is of (the title's), for its copy button
 	canAudit  bool
 	traceURL  string
 	aggregate string                 // the whole aggregate's trace, for an event's page
@@ -378,7 +379,7 @@ func (b *traceBuilder) data(kind, id string) views.TraceData {
 			b.steps[i].HasLag = true
 		}
 	}
-	d := views.TraceData{Kind: kind, ID: id, Title: b.title, Steps: b.steps, TraceIDs: b.traceIDs, Aggregate: b.aggregate}
+	d := views.TraceData{Kind: kind, ID: id, Title: b.title, Subject: b.subject, Steps: b.steps, TraceIDs: b.traceIDs, Aggregate: b.aggregate}
 	if n := len(b.steps); n > 1 {
 		d.Span = b.steps[n-1].At.Sub(b.steps[0].At)
 	}

@@ -133,6 +133,9 @@ func TestTraceOfAnAggregateAndAnEvent(t *testing.T) {
 		t.Error("no link to the inbox page")
 	}
 	d := doc(t, body)
+	if got := d.Find(`h1 [data-testid="copy-id"]`).AttrOr("data-copy", ""); got != order {
+		t.Errorf("the title's copy button copies %q, want the aggregate id %q", got, order)
+	}
 	if got := d.Find(`[data-testid="trace-id"]`).Text(); got != testTraceID {
 		t.Errorf("trace id %q, want %q", got, testTraceID)
 	}
