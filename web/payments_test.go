@@ -16,9 +16,11 @@ import (
 
 	"github.com/PuerkitoBio/goquery"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
 	"github.com/sluice-dev/sluice/internal/audit"
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/payments"
 	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
@@ -263,6 +265,49 @@ func TestFourEyesAboveThreshold(t *testing.T) {
 	}
 	if n := h.countAudit(t, `action = 'payments.reject' AND outcome = 'ok' AND target_id = $1`, op2.String()); n != 1 {
 		t.Errorf("%d reject audit rows, want 1", n)
+	}
+}
+
+// A request whose payment was settled another way (a settlement file, the
+// reconcile worker) is marked on the approvals page: no approve button,
+// which could only answer 409, and the rejection that closes it.
+func TestStaleFourEyesRequestIsMarked(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{configure: func(c *web.Config) { c.FourEyesAbove = decimal.RequireFromString("100.00") }})
+	oncall, oncallToken := h.signedIn(t, "oncall")
+	admin, adminToken := h.signedIn(t, "admin")
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "500.00"})
+	if resp, _ := h.postForm(t, oncall, "/payments/"+op.String()+"/resolve", resolveForm(oncallToken, "succeeded")); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("request: %d", resp.StatusCode)
+	}
+	_, list := admin.get(t, h.base+"/approvals", "text/html")
+	if d := doc(t, list); d.Find(`[data-testid="approve"]`).Length() != 1 || d.Find(`[data-testid="approval-stale"]`).Length() != 0 {
+		t.Fatalf("a live request: %s", list)
+	}
+	// Settled by a file, as `console payments reconcile` does.
+	if err := db.WithTx(context.Background(), h.pool, func(tx pgx.Tx) error {
+		_, err := payments.Resolve(context.Background(), tx, op, payments.OutcomeFailed, payments.ResolveOptions{ResolvedBy: "settlement:test"})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, list = admin.get(t, h.base+"/approvals", "text/html")
+	d := doc(t, list)
+	if got := d.Find(`[data-testid="approval-stale"]`).Text(); !strings.Contains(got, "now failed") {
+		t.Errorf("the stale request is not marked: %q", got)
+	}
+	if d.Find(`[data-testid="approve"]`).Length() != 0 || d.Find(`[data-testid="reject"]`).Length() != 1 {
+		t.Errorf("a stale request offers approve, or no reject: %s", list)
+	}
+	var id int64
+	if err := h.pool.QueryRow(context.Background(), `SELECT id FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := h.postForm(t, admin, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {adminToken}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("reject: %d", resp.StatusCode)
+	}
+	if e := h.effectsOf(t, op); e.status != "failed" {
+		t.Fatalf("the rejection moved the payment: %+v", e)
 	}
 }
 
