@@ -33,6 +33,9 @@ func TestEveryCommandAndVerbAnswersHelpAndDoesNothingElse(t *testing.T) {
 			if !strings.Contains(stdout+stderr, "Usage: console "+name) {
 				t.Errorf("console %s printed no usage line: %q", strings.Join(args, " "), stdout+stderr)
 			}
+			if n := strings.Count(stdout+stderr, "Usage:"); n != 1 {
+				t.Errorf("console %s printed %d usage lines, want one: %q", strings.Join(args, " "), n, stdout+stderr)
+			}
 		}
 	}
 	conn, err := pgx.Connect(context.Background(), url)

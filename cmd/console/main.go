@@ -156,6 +156,18 @@ func verbAmongFlags(args []string, verbs ...settings) (verb string, rest []strin
 	return "", args, false
 }
 
+// verbSummary is a subcommand's usage text as one of its verbs' summary:
+// the verb's help prints its own Usage line, so the subcommand's Usage
+// lines go.
+func verbSummary(usage string) string {
+	lines := strings.Split(usage, "\n")
+	i := 0
+	for i < len(lines) && (strings.HasPrefix(lines[i], "Usage:") || strings.HasPrefix(strings.TrimSpace(lines[i]), "console ")) {
+		i++
+	}
+	return strings.TrimLeft(strings.Join(lines[i:], "\n"), "\n")
+}
+
 // askedForHelp reports whether args ask for help without naming a verb.
 func askedForHelp(args []string) bool {
 	return slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "--help" || a == "-help" })

@@ -67,7 +67,7 @@ func runMerchants(ctx context.Context, e env, args []string) error {
 		}
 		return nil
 	}
-	pos, err := configure(e, "merchants "+verb, merchantsUsage, &c, args, usage)
+	pos, err := configure(e, "merchants "+verb, verbSummary(merchantsUsage), &c, args, usage)
 	if err != nil {
 		return err
 	}

@@ -50,7 +50,7 @@ func runOutbox(ctx context.Context, e env, args []string) error {
 		return &config.UsageError{Err: fmt.Errorf("unknown verb %q (want pause, resume or recount)", verb)}
 	}
 	var c config.OutboxTopic
-	pos, err := configure(e, "outbox "+verb, outboxUsage, &c, args, func(pos []string) error {
+	pos, err := configure(e, "outbox "+verb, verbSummary(outboxUsage), &c, args, func(pos []string) error {
 		if len(pos) != 1 {
 			return fmt.Errorf("outbox %s wants exactly one argument, the TOPIC (got %d)", verb, len(pos))
 		}
@@ -96,7 +96,7 @@ func runOutbox(ctx context.Context, e env, args []string) error {
 // runOutboxRecount replaces the backlog counts with an exact recount.
 func runOutboxRecount(ctx context.Context, e env, args []string) error {
 	var c config.Database
-	if _, err := configure(e, "outbox recount", outboxUsage, &c, args, func(pos []string) error {
+	if _, err := configure(e, "outbox recount", verbSummary(outboxUsage), &c, args, func(pos []string) error {
 		if len(pos) > 0 {
 			return fmt.Errorf("outbox recount takes no arguments (got %v)", pos)
 		}
