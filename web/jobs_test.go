@@ -669,7 +669,12 @@ func TestEventPagesShowTheBulkJobsThatChangedThem(t *testing.T) {
 	if link := d.Find(`[data-testid="bulk-action"] a[data-testid="bulk-job"]`).AttrOr("href", ""); link != "/jobs/"+retryJob.String() {
 		t.Errorf("the timeline's bulk retry links to %q, want its job", link)
 	}
-	rows := d.Find(`[data-testid="audit-row"]`)
+	if d.Find(`[data-testid="audit"]`).Length() != 0 {
+		t.Error("an operator's event page shows the audit trail's panel")
+	}
+	admin, _ := h.signedIn(t, "admin")
+	_, body = admin.get(t, h.base+"/outbox/"+retried[0], "text/html")
+	rows := doc(t, body).Find(`[data-testid="audit-row"]`)
 	if rows.Length() != 2 || !strings.Contains(rows.Eq(1).Text(), "outbox.retry") || !strings.Contains(rows.Eq(1).Text(), "via bulk job") ||
 		!strings.Contains(rows.Eq(1).Text(), "broker fixed") || rows.Eq(1).Find(`a[data-testid="bulk-job"]`).AttrOr("href", "") != "/jobs/"+retryJob.String() {
 		t.Errorf("audit rows: the newest should be the dead-letter, the other the job's retry with its reason and link: %s", outerHTML(rows))
@@ -680,11 +685,12 @@ func TestEventPagesShowTheBulkJobsThatChangedThem(t *testing.T) {
 	if got := strings.Join(strings.Fields(d.Find(`[data-testid="bulk-action"]`).Text()), " "); !strings.HasPrefix(got, "replay by oncall via bulk job") {
 		t.Errorf("replayed event's timeline says %q", got)
 	}
-	if d.Find(`[data-testid="audit-empty"]`).Length() != 0 {
-		t.Error("a replayed event's page says no console action touched it")
+	_, body = admin.get(t, h.base+"/outbox/"+replayed[1], "text/html")
+	if d := doc(t, body); d.Find(`[data-testid="audit-empty"]`).Length() != 0 || d.Find(`[data-testid="audit-row"]`).Length() != 1 {
+		t.Errorf("a replayed event's audit panel: %s", d.Find(`[data-testid="audit"]`).Text())
 	}
 
-	_, body = b.get(t, h.base+"/outbox/"+untouched, "text/html")
+	_, body = admin.get(t, h.base+"/outbox/"+untouched, "text/html")
 	if d := doc(t, body); d.Find(`[data-testid="audit-empty"]`).Length() != 1 || d.Find(`[data-testid="bulk-action"]`).Length() != 0 {
 		t.Errorf("an event no job touched: %s", body)
 	}

@@ -235,6 +235,7 @@ func (a *App) paymentData(ctx context.Context, c echo.Context, op uuid.UUID) (vi
 	}
 	sess := auth.SessionFrom(c)
 	d.CanAct = sess != nil && sess.Can(auth.PermPaymentsAct)
+	d.SeeAudit = sess != nil && sess.Can(auth.PermAudit)
 	if d.CanAct && a.loginTooOld(sess) {
 		d.ReauthURL = paymentReauthURL("/payments/" + op.String())
 	}

@@ -510,11 +510,25 @@ func TestPaymentPagesShowPartsAndNoCanaryAndInertText(t *testing.T) {
 		assertInert(t, p, body)
 	}
 	d := doc(t, pages["/payments/"+op.String()])
-	for _, id := range []string{"payment", "record", "reservation", "ledger", "events", "approvals", "audit", "customer"} {
+	for _, id := range []string{"payment", "record", "reservation", "ledger", "events", "approvals", "customer"} {
 		if d.Find(`[data-testid="`+id+`"]`).Length() == 0 {
 			t.Errorf("the detail page has no %s part", id)
 		}
 	}
+	// The audit trail is the auditor's and the admin's (DESIGN.md's roles):
+	// an operator's page has no Audit trail panel, an admin's has it, inert.
+	if d.Find(`[data-testid="audit"], [data-testid="audit-empty"]`).Length() != 0 {
+		t.Error("an operator's payment page shows the audit trail")
+	}
+	admin, _ := h.signedIn(t, "admin")
+	_, adminPage := admin.get(t, h.base+"/payments/"+op.String(), "text/html")
+	if rows := doc(t, adminPage).Find(`[data-testid="audit-row"]`); rows.Length() == 0 || !strings.Contains(rows.Text(), "payments.resolve_request") {
+		t.Errorf("an admin's payment page has no audit row of the request: %q", rows.Text())
+	}
+	if strings.Contains(adminPage, canary) {
+		t.Error("the admin's payment page shows the customer canary")
+	}
+	assertInert(t, "admin /payments/"+op.String(), adminPage)
 	if got := d.Find(`[data-testid="record-response"]`).Text(); got != "HTTP 202" {
 		t.Errorf("stored response shown as %q", got)
 	}

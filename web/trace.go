@@ -48,7 +48,7 @@ func (a *App) trace(c echo.Context) error {
 		return badRequest("That id is longer than 300 characters.")
 	}
 	ctx := c.Request().Context()
-	b := &traceBuilder{canAudit: a.links.Audit && may(c, auth.PermAudit), traceURL: a.cfg.TraceURL,
+	b := &traceBuilder{canAudit: a.links.Audit && may(c, auth.PermAudit), seeAudit: may(c, auth.PermAudit), traceURL: a.cfg.TraceURL,
 		linkOK: func(link string) bool {
 			switch {
 			case strings.HasPrefix(link, "/payments/"):
@@ -307,7 +307,8 @@ func (b *traceBuilder) addBulk(ctx context.Context, a *App, ids []string) error 
 type traceBuilder struct {
 	title     string
 	subject   string // the id the trace is of (the title's), for its copy button
-	canAudit  bool
+	canAudit  bool   // the user may open the audit pages: steps link to their rows
+	seeAudit  bool   // the user may see the audit trail: every row, not only the actions that changed the object
 	traceURL  string
 	aggregate string                 // the whole aggregate's trace, for an event's page
 	linkOK    func(link string) bool // the page exists and the user may open it
@@ -329,6 +330,12 @@ func (b *traceBuilder) addAudit(ctx context.Context, a *App, targetType string, 
 		return err
 	}
 	for _, e := range entries {
+		// Who may not see the audit trail (DESIGN.md: auditor and admin
+		// may) sees the operation's history: the actions that changed it,
+		// not reveals or refused attempts.
+		if !b.seeAudit && (e.Outcome != audit.OutcomeOK || !(strings.HasPrefix(e.Action, "outbox.") || strings.HasPrefix(e.Action, "payments."))) {
+			continue
+		}
 		link, text := "", ""
 		if b.canAudit {
 			link, text = "/audit/"+strconv.FormatInt(e.Seq, 10), "Audit row"

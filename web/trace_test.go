@@ -100,6 +100,13 @@ func TestTraceOfAnAggregateAndAnEvent(t *testing.T) {
 	ids := consumedAll(t, h, "order", order, 2)
 	seqs := record(t, h, audit.Event{ActorSub: "sub-carol", ActorName: "Carol", Action: "outbox.retry",
 		TargetType: "outbox_event", TargetID: ids[0].String(), Reason: `<script>alert(1)</script>`})
+	// Rows of the audit trail that are not the event's history: a reveal
+	// of one of its fields and a refused attempt. Only who may see the
+	// trail (auditor, admin) sees them in a trace.
+	record(t, h, audit.Event{ActorSub: "sub-dan", ActorName: "Dan", Action: "pii.reveal", TargetType: "outbox_event",
+		TargetID: ids[0].String(), Reason: "customer asked"},
+		audit.Event{ActorSub: "sub-mallory", ActorName: "Mallory", Action: "outbox.discard", TargetType: "outbox_event",
+			TargetID: ids[0].String(), Outcome: audit.OutcomeDenied, ErrorCode: "permission"})
 	b, _ := h.signedIn(t, "support")
 
 	resp, body := b.get(t, h.base+"/trace/aggregate/order:"+order, "text/html")
@@ -149,7 +156,11 @@ func TestTraceOfAnAggregateAndAnEvent(t *testing.T) {
 		t.Errorf("lags: %d cells for %d steps, second %q", n, len(steps), d.Find(`[data-testid="lag"]`).Eq(1).Text())
 	}
 
-	// An auditor gets the audit row linked.
+	if strings.Contains(body, "pii.reveal") || strings.Contains(body, "Mallory") {
+		t.Error("a viewer's trace shows a reveal or a refused attempt")
+	}
+
+	// An auditor gets the audit row linked, and every row.
 	ab, _ := h.signedIn(t, "auditor")
 	_, body = ab.get(t, h.base+"/trace/aggregate/order:"+order, "text/html")
 	found := false
@@ -158,6 +169,9 @@ func TestTraceOfAnAggregateAndAnEvent(t *testing.T) {
 	}
 	if !found {
 		t.Error("the auditor's trace does not link the audit row")
+	}
+	if got := kindCounts(traceSteps(t, body))["audit"]; got != 3 {
+		t.Errorf("the auditor's trace has %d audit steps, want 3", got)
 	}
 
 	// One event: its own life only, and a way to the whole aggregate.
