@@ -287,7 +287,7 @@ func (a *App) paymentData(ctx context.Context, c echo.Context, op uuid.UUID) (vi
 	return d, nil
 }
 
-// loginTooOld: money-moving actions (resolve, approve) need a sign-in no
+// loginTooOld: money-moving actions (resolve, approve, a settlement file) need a sign-in no
 // older than CONSOLE_RECENT_LOGIN.
 func (a *App) loginTooOld(sess *auth.Session) bool {
 	return a.now().Sub(sess.AuthTime) > a.cfg.RecentLogin

@@ -337,6 +337,47 @@ func TestResolveNeedsRecentLogin(t *testing.T) {
 	}
 }
 
+// A settlement file moves money as a typed resolution does, so it needs a
+// recent sign-in too: a dry run made in time cannot be confirmed once the
+// sign-in is too old, and a new upload is sent to sign in again; both
+// refusals are audited and settle nothing. (The confirmation skipped the
+// check: a stale session settled any number of payments at or below the
+// four-eyes threshold.)
+func TestSettlementNeedsRecentLogin(t *testing.T) {
+	t.Parallel()
+	var offset atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	h := start(t, options{clock: clock, configure: func(c *web.Config) { c.RecentLogin = time.Minute }})
+	b, token := h.signedIn(t, "oncall")
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "20.00"})
+	file := op.String() + ",failed\n"
+	resp, body := h.upload(t, b, token, file)
+	sha := doc(t, body).Find(`input[name="confirm_sha256"]`).AttrOr("value", "")
+	if resp.StatusCode != http.StatusOK || sha == "" {
+		t.Fatalf("dry run with a fresh sign-in: %d, confirmation %q", resp.StatusCode, sha)
+	}
+	offset.Store(int64(2 * time.Minute))
+	want := "/login?reauth=1&next=" + url.QueryEscape("/payments/settlements")
+	for name, post := range map[string]func() (*http.Response, string){
+		"confirm": func() (*http.Response, string) { return h.confirm(t, b, token, sha) },
+		"upload":  func() (*http.Response, string) { return h.upload(t, b, token, file) },
+	} {
+		if resp, _ := post(); resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != want {
+			t.Errorf("%s with a stale sign-in: %d %q, want 303 %q", name, resp.StatusCode, resp.Header.Get("Location"), want)
+		}
+	}
+	if e := h.effectsOf(t, op); e.status != "unknown" {
+		t.Fatalf("a stale sign-in settled the payment: %+v", e)
+	}
+	if n := h.countAudit(t, `action = 'request.denied' AND (reason = 'reauth' OR error_code = 'reauth')`); n != 2 {
+		t.Errorf("%d audited refusals, want 2", n)
+	}
+	_, page := b.get(t, h.base+"/payments/settlements", "text/html")
+	if got := doc(t, page).Find(`[data-testid="reauth-link"]`).AttrOr("href", ""); got != want {
+		t.Errorf("the page's sign-in link %q, want %q", got, want)
+	}
+}
+
 // The list: unknown first (oldest first), filters, keyset pages, 400 on a
 // forged cursor; reconcile age and last inquiry on unknown rows.
 func TestPaymentListOrderFiltersAndPages(t *testing.T) {

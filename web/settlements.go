@@ -34,8 +34,15 @@ var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // settlementForm is GET /payments/settlements.
 func (a *App) settlementForm(c echo.Context) error {
-	return render(c, http.StatusOK, views.SettlementPage(a.page(c, "Settlement file", "/payments"), a.settlementData()))
+	d := a.settlementData()
+	if a.loginTooOld(auth.SessionFrom(c)) {
+		d.ReauthURL = paymentReauthURL(settlementsPath)
+	}
+	return render(c, http.StatusOK, views.SettlementPage(a.page(c, "Settlement file", "/payments"), d))
 }
+
+// settlementsPath is the settlement page's address.
+const settlementsPath = "/payments/settlements"
 
 // settlementData is the page's data before a file: the four-eyes
 // threshold its text names.
@@ -60,7 +67,14 @@ func (a *App) settlementFourEyes(sess *auth.Session) *payments.SettlementFourEye
 // gets its audit row in its line's transaction naming the hash and the
 // operator. Keeping the bytes means the confirmation applies exactly the
 // file whose dry run the operator read, without uploading it again.
+//
+// Both need a recent sign-in, as a typed resolution does: applying settles
+// unknown payments, and a dry run is its first step (asking then spares
+// an upload made for nothing).
 func (a *App) settlementUpload(c echo.Context) error {
+	if sess := auth.SessionFrom(c); a.loginTooOld(sess) {
+		return a.reauthFor(c, sess, "POST "+settlementsPath, settlementsPath)
+	}
 	if sha := c.FormValue("confirm_sha256"); sha != "" {
 		return a.settlementApply(c, sha)
 	}
