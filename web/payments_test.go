@@ -378,6 +378,43 @@ func TestSettlementNeedsRecentLogin(t *testing.T) {
 	}
 }
 
+// Approving a four-eyes request moves money: a stale sign-in is sent to
+// sign in again, audited, and the payment stays unknown; rejecting moves
+// nothing and needs no fresh sign-in.
+func TestApproveNeedsRecentLogin(t *testing.T) {
+	t.Parallel()
+	var offset atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	h := start(t, options{clock: clock, configure: func(c *web.Config) {
+		c.RecentLogin = time.Minute
+		c.FourEyesAbove = decimal.RequireFromString("100.00")
+	}})
+	oncall, oncallToken := h.signedIn(t, "oncall")
+	admin, adminToken := h.signedIn(t, "admin")
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "500.00"})
+	if resp, _ := h.postForm(t, oncall, "/payments/"+op.String()+"/resolve", resolveForm(oncallToken, "succeeded")); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("request: %d", resp.StatusCode)
+	}
+	var id int64
+	if err := h.pool.QueryRow(context.Background(), `SELECT id FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	offset.Store(int64(2 * time.Minute))
+	resp, _ := h.postForm(t, admin, fmt.Sprintf("/approvals/%d/approve", id), url.Values{"csrf_token": {adminToken}})
+	if want := "/login?reauth=1&next=" + url.QueryEscape("/approvals"); resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != want {
+		t.Fatalf("approve with a stale sign-in: %d %q, want 303 %q", resp.StatusCode, resp.Header.Get("Location"), want)
+	}
+	if e := h.effectsOf(t, op); e.status != "unknown" || e.ledger != 0 {
+		t.Fatalf("a stale sign-in approved: %+v", e)
+	}
+	if n := h.countAudit(t, `action = 'request.denied' AND (reason = 'reauth' OR error_code = 'reauth')`); n != 1 {
+		t.Errorf("%d audited refusals, want 1", n)
+	}
+	if resp, _ := h.postForm(t, admin, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {adminToken}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("reject with a stale sign-in: %d, want 303 to the list", resp.StatusCode)
+	}
+}
+
 // The list: unknown first (oldest first), filters, keyset pages, 400 on a
 // forged cursor; reconcile age and last inquiry on unknown rows.
 func TestPaymentListOrderFiltersAndPages(t *testing.T) {
