@@ -320,6 +320,63 @@ func TestRoleRemovedClosesAnIdleDashboardSocket(t *testing.T) {
 	}
 }
 
+// A role reduced but not removed (auditor → viewer) closes a socket
+// whose page the user may no longer see: the audit page's feed stops at the
+// next re-check, while the session and its dashboard socket stay.
+func TestRoleReducedClosesTheSocketOfAPageNoLongerAllowed(t *testing.T) {
+	t.Parallel()
+	clock := testkit.NewClock(time.Now())
+	h := start(t, options{clock: clock.Now, recheck: 50 * time.Millisecond, configure: func(c *web.Config) { c.RoleRecheck = 5 * time.Minute }})
+	h.idp.AddUser("demoted", "demoted", "audit")
+	b := newBrowser(t)
+	h.login(t, b, "demoted", "demoted", "")
+	auditWS, err := h.dialPath(t, b, "/ws?page=audit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer auditWS.Close()
+	dash, _, err := h.dial(t, b, h.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dash.Close()
+	h.idp.SetGroups("demoted", "support")
+	clock.Advance(6 * time.Minute)
+	_ = auditWS.SetReadDeadline(time.Now().Add(30 * time.Second))
+	for {
+		if _, _, err = auditWS.ReadMessage(); err != nil {
+			break
+		}
+	}
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation || ce.Text != "permission withdrawn" {
+		t.Fatalf("the audit page's socket ended with %v, want close 1008 permission withdrawn", err)
+	}
+	// The dashboard's socket, which a viewer may keep, stays open: it still
+	// answers a ping with its pong after the re-check.
+	pong := make(chan struct{}, 1)
+	dash.SetPongHandler(func(string) error { pong <- struct{}{}; return nil })
+	if err := dash.WriteControl(websocket.PingMessage, nil, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatalf("the dashboard's socket closed too: %v", err)
+	}
+	_ = dash.SetReadDeadline(time.Now().Add(10 * time.Second))
+	go func() {
+		for {
+			if _, _, err := dash.ReadMessage(); err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-pong:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dashboard's socket did not answer after the re-check")
+	}
+	if resp, _ := b.get(t, h.base+"/audit", "text/html"); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("the demoted user opened /audit: %d", resp.StatusCode)
+	}
+}
+
 // Issue 8.10: signing out after the session expired is a normal sign-out:
 // the stale cookie is cleared and the provider's end-session follows.
 func TestSignOutAfterTheSessionExpired(t *testing.T) {

@@ -45,25 +45,16 @@ func (a *App) ws(c echo.Context) error {
 	// A socket receives the fragments of the page that opened it; a page
 	// the role may not see is refused before the upgrade.
 	page := c.QueryParam("page")
-	switch page {
-	case live.PageDashboard, live.PageOutbox: // every role that may open /ws sees them (PermView)
-	case live.PageJobs, live.PageAudit, live.PageApprovals:
-		need := auth.PermOutboxAct
-		switch page {
-		case live.PageAudit:
-			need = auth.PermAudit
-		case live.PageApprovals:
-			need = auth.PermPaymentsAct
-		}
-		if !sess.Can(need) {
-			if err := auth.RecordDenied(req.Context(), a.pool, sess, requestMeta(c), "GET /ws", "permission"); err != nil {
-				return err
-			}
-			a.metrics.actions.WithLabelValues("request", "denied").Inc()
-			return echo.NewHTTPError(http.StatusForbidden)
-		}
-	default:
+	need, known := pagePermission(page)
+	if !known {
 		return echo.NewHTTPError(http.StatusNotFound)
+	}
+	if !sess.Can(need) {
+		if err := auth.RecordDenied(req.Context(), a.pool, sess, requestMeta(c), "GET /ws", "permission"); err != nil {
+			return err
+		}
+		a.metrics.actions.WithLabelValues("request", "denied").Inc()
+		return echo.NewHTTPError(http.StatusForbidden)
 	}
 	if req.Header.Get("Origin") != a.origin {
 		if err := auth.RecordDenied(req.Context(), a.pool, sess, requestMeta(c), "GET /ws", "origin"); err != nil {
@@ -154,6 +145,13 @@ func (a *App) ws(c echo.Context) error {
 			switch {
 			case err == nil:
 				sess = s
+				// Roles reduced but not gone (auditor → viewer): the page's
+				// permission is checked again, as at the upgrade, so the
+				// socket stops receiving a page its user may no longer see.
+				if !sess.Can(need) {
+					closeWith(closeSessionEnded, "permission withdrawn")
+					return nil
+				}
 			case errors.Is(err, auth.ErrSessionEnded), errors.Is(err, auth.ErrNoSession):
 				closeWith(closeSessionEnded, "session ended")
 				return nil
@@ -164,6 +162,22 @@ func (a *App) ws(c echo.Context) error {
 			}
 		}
 	}
+}
+
+// pagePermission is what a socket's page needs (known: the page exists).
+// The dashboard's and the outbox pages' feeds are every signed-in role's.
+func pagePermission(page string) (need auth.Permission, known bool) {
+	switch page {
+	case live.PageDashboard, live.PageOutbox:
+		return auth.PermView, true
+	case live.PageJobs:
+		return auth.PermOutboxAct, true
+	case live.PageAudit:
+		return auth.PermAudit, true
+	case live.PageApprovals:
+		return auth.PermPaymentsAct, true
+	}
+	return "", false
 }
 
 // reserveSocket counts one more open websocket for the session, unless it
