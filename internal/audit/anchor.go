@@ -103,29 +103,63 @@ type RowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// NewAnchor reads the committed chain head and signs it with key. every is
-// the interval of a periodic writer (0 on demand).
-func NewAnchor(ctx context.Context, q RowQuerier, key ed25519.PrivateKey, every time.Duration) (Anchor, error) {
-	var (
-		seq  *int64
-		hash []byte
-		a    Anchor
-	)
-	// Appends are serialized and commit in seq order, so the newest
-	// committed row is the head.
-	err := q.QueryRow(ctx, `
-		SELECT h.seq, h.hash, clock_timestamp()
-		FROM (SELECT 1) one
-		LEFT JOIN LATERAL (SELECT seq, hash FROM audit_event ORDER BY seq DESC LIMIT 1) h ON true`).Scan(&seq, &hash, &a.At)
+// AnchorQuerier is what an anchor needs: rows to verify and a row to read
+// (a pool or a connection).
+type AnchorQuerier interface {
+	Querier
+	RowQuerier
+}
+
+// A BrokenChainError is an anchor refused: the chain does not verify, so
+// no checkpoint is signed over it (an anchor vouches for the rows up to
+// its head).
+type BrokenChainError struct {
+	Seq     int64
+	Problem string
+}
+
+func (e *BrokenChainError) Error() string {
+	return fmt.Sprintf("audit: anchor: the chain is broken at seq %d (%s): no anchor signed", e.Seq, e.Problem)
+}
+
+// NewAnchor verifies the chain and signs its verified head with key. every
+// is the interval of a periodic writer (0 on demand). from is the last
+// anchor this signer wrote, whose row was verified then: only the rows after
+// it are walked (its own row must still hold its hash); nil walks the whole
+// chain. A chain that does not verify gets no anchor (*BrokenChainError):
+// whoever holds the application's credentials can append a row, and an
+// anchor signed over a forged head would vouch for it.
+func NewAnchor(ctx context.Context, q AnchorQuerier, key ed25519.PrivateKey, every time.Duration, from *Anchor) (Anchor, error) {
+	after, prev := int64(0), genesis
+	if from != nil && from.Seq > 0 {
+		h, err := hex.DecodeString(from.Hash)
+		if err != nil {
+			return Anchor{}, fmt.Errorf("audit: anchor: the last anchor's hash: %w", err)
+		}
+		var stored []byte
+		err = q.QueryRow(ctx, `SELECT hash FROM audit_event WHERE seq = $1`, from.Seq).Scan(&stored)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && !bytes.Equal(stored, h)) {
+			return Anchor{}, &BrokenChainError{Seq: from.Seq, Problem: "the row of the last anchor is gone or changed"}
+		}
+		if err != nil {
+			return Anchor{}, fmt.Errorf("audit: anchor: read the last anchor's row: %w", err)
+		}
+		after, prev = from.Seq, h
+	}
+	res, err := walk(ctx, q, after, prev, 0, nil)
 	if err != nil {
-		return Anchor{}, fmt.Errorf("audit: anchor: read the chain head: %w", err)
+		return Anchor{}, fmt.Errorf("audit: anchor: %w", err)
 	}
-	if seq == nil {
-		hash = genesis
-	} else {
-		a.Seq = *seq
+	if !res.Intact() {
+		return Anchor{}, &BrokenChainError{Seq: res.FirstBroken, Problem: res.Problem}
 	}
-	a.Hash = hex.EncodeToString(hash)
+	a := Anchor{Seq: after, Hash: hex.EncodeToString(prev)}
+	if res.Checked > 0 {
+		a.Seq, a.Hash = res.HeadSeq, hex.EncodeToString(res.HeadHash)
+	}
+	if err := q.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&a.At); err != nil {
+		return Anchor{}, fmt.Errorf("audit: anchor: read the clock: %w", err)
+	}
 	a.At = a.At.UTC().Truncate(time.Microsecond)
 	a.EverySeconds = int64(every / time.Second)
 	a.Key = KeyID(key.Public().(ed25519.PublicKey))
@@ -133,10 +167,14 @@ func NewAnchor(ctx context.Context, q RowQuerier, key ed25519.PrivateKey, every 
 	return a, nil
 }
 
-// WriteAnchor signs the chain head (NewAnchor) and writes it to w as one
-// JSON line.
-func WriteAnchor(ctx context.Context, q RowQuerier, key ed25519.PrivateKey, every time.Duration, w io.Writer) (Anchor, error) {
-	a, err := NewAnchor(ctx, q, key, every)
+// WriteAnchor verifies the whole chain, signs its head (NewAnchor) and
+// writes it to w as one JSON line.
+func WriteAnchor(ctx context.Context, q AnchorQuerier, key ed25519.PrivateKey, every time.Duration, w io.Writer) (Anchor, error) {
+	return writeAnchor(ctx, q, key, every, w, nil)
+}
+
+func writeAnchor(ctx context.Context, q AnchorQuerier, key ed25519.PrivateKey, every time.Duration, w io.Writer, from *Anchor) (Anchor, error) {
+	a, err := NewAnchor(ctx, q, key, every, from)
 	if err != nil {
 		return Anchor{}, err
 	}
@@ -147,14 +185,46 @@ func WriteAnchor(ctx context.Context, q RowQuerier, key ed25519.PrivateKey, ever
 	return a, nil
 }
 
-// AppendAnchor writes an anchor (WriteAnchor) at the end of the file at
-// path, creating it, and syncs it to disk.
-func AppendAnchor(ctx context.Context, q RowQuerier, key ed25519.PrivateKey, every time.Duration, path string) (Anchor, error) {
+// AppendAnchor writes an anchor at the end of the file at path, creating
+// it, and syncs it to disk. The chain is verified from the file's last
+// anchor of this key (the whole chain when there is none).
+func AppendAnchor(ctx context.Context, q AnchorQuerier, key ed25519.PrivateKey, every time.Duration, path string) (Anchor, error) {
+	from, err := lastAnchorIn(path, KeyID(key.Public().(ed25519.PublicKey)))
+	if err != nil {
+		return Anchor{}, err
+	}
+	return appendAnchor(ctx, q, key, every, path, from)
+}
+
+// lastAnchorIn is the file's last anchor signed by key id keyID (nil: no
+// file, or none of this key).
+func lastAnchorIn(path, keyID string) (*Anchor, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit: anchor file: %w", err)
+	}
+	defer f.Close()
+	all, err := ReadAnchors(f)
+	if err != nil {
+		return nil, err
+	}
+	for i := len(all) - 1; i >= 0; i-- {
+		if all[i].Key == keyID {
+			return &all[i], nil
+		}
+	}
+	return nil, nil
+}
+
+func appendAnchor(ctx context.Context, q AnchorQuerier, key ed25519.PrivateKey, every time.Duration, path string, from *Anchor) (Anchor, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return Anchor{}, fmt.Errorf("audit: anchor file: %w", err)
 	}
-	a, err := WriteAnchor(ctx, q, key, every, f)
+	a, err := writeAnchor(ctx, q, key, every, f, from)
 	if err == nil {
 		err = f.Sync()
 	}
@@ -166,9 +236,11 @@ func AppendAnchor(ctx context.Context, q RowQuerier, key ed25519.PrivateKey, eve
 
 // Anchorer appends an anchor to File at once and then every Every, until
 // its context ends: the console's periodic checkpoints. Ship the file
-// somewhere the database's administrators cannot write.
+// somewhere the database's administrators cannot write. Each anchor
+// verifies the rows written since the one before (the first, since the
+// file's last anchor of this key, or the whole chain).
 type Anchorer struct {
-	DB    RowQuerier
+	DB    AnchorQuerier
 	Key   ed25519.PrivateKey
 	Every time.Duration
 	File  string
@@ -176,7 +248,8 @@ type Anchorer struct {
 }
 
 // Run writes anchors until ctx ends. A failed anchor is logged and the next
-// tick tries again (the gap shows in `console audit verify --anchors`).
+// tick tries again (the gap shows in `console audit verify --anchors`); a
+// broken chain is logged at every tick and gets no anchor until repaired.
 func (a *Anchorer) Run(ctx context.Context) {
 	log := a.Log
 	if log == nil {
@@ -184,14 +257,23 @@ func (a *Anchorer) Run(ctx context.Context) {
 	}
 	t := time.NewTicker(a.Every)
 	defer t.Stop()
+	from, err := lastAnchorIn(a.File, KeyID(a.Key.Public().(ed25519.PublicKey)))
+	if err != nil {
+		log.Error("audit anchor file unreadable: the first anchor verifies the whole chain", "file", a.File, "err", err)
+	}
 	for {
-		if an, err := AppendAnchor(ctx, a.DB, a.Key, a.Every, a.File); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			log.Error("audit anchor failed", "file", a.File, "err", err)
-		} else {
+		an, err := appendAnchor(ctx, a.DB, a.Key, a.Every, a.File, from)
+		var broken *BrokenChainError
+		switch {
+		case err == nil:
+			from = &an
 			log.Info("audit anchor written", "file", a.File, "seq", an.Seq)
+		case ctx.Err() != nil:
+			return
+		case errors.As(err, &broken):
+			log.Error("audit chain broken: no anchor signed", "seq", broken.Seq, "problem", broken.Problem)
+		default:
+			log.Error("audit anchor failed", "file", a.File, "err", err)
 		}
 		select {
 		case <-ctx.Done():

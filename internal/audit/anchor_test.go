@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,7 +34,7 @@ func newKey(t *testing.T) ed25519.PrivateKey {
 
 func anchor(t *testing.T, pool *pgxpool.Pool, key ed25519.PrivateKey) audit.Anchor {
 	t.Helper()
-	a, err := audit.NewAnchor(context.Background(), pool, key, 0)
+	a, err := audit.NewAnchor(context.Background(), pool, key, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +152,7 @@ func TestAnchorFileAndGaps(t *testing.T) {
 		t.Fatalf("two close anchors: %+v", rep)
 	}
 	// A checkpoint three intervals later, signed like the real ones.
-	late, err := audit.NewAnchor(ctx, lateClock{pool, anchors[1].At.Add(3 * time.Minute)}, key, time.Minute)
+	late, err := audit.NewAnchor(ctx, lateClock{pool, anchors[1].At.Add(3 * time.Minute)}, key, time.Minute, &anchors[1])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +172,75 @@ type lateClock struct {
 }
 
 func (l lateClock) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return l.pool.QueryRow(ctx, strings.Replace(sql, "clock_timestamp()", "$1::timestamptz", 1), l.at)
+	if sql == `SELECT clock_timestamp()` {
+		return l.pool.QueryRow(ctx, `SELECT $1::timestamptz`, l.at)
+	}
+	return l.pool.QueryRow(ctx, sql, args...)
+}
+
+func (l lateClock) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return l.pool.Query(ctx, sql, args...)
+}
+
+// forgeRow appends a row as the application's role may (INSERT is
+// granted): a made-up hash that does not chain.
+func forgeRow(t *testing.T, pool *pgxpool.Pool) int64 {
+	t.Helper()
+	var seq int64
+	if err := pool.QueryRow(context.Background(), `INSERT INTO audit_event (action, outcome, prev_hash, hash)
+		VALUES ('outbox.retry', 'ok', '\x00', '\x00') RETURNING seq`).Scan(&seq); err != nil {
+		t.Fatal(err)
+	}
+	return seq
+}
+
+// An anchor vouches for the rows up to its head, so none is signed over a
+// chain that does not verify: a row forged with the application's
+// credentials, or the last anchor's own row changed since. The periodic
+// writer walks only the rows after its last anchor (the file's, at start).
+func TestAnchorRefusesABrokenChain(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	key := newKey(t)
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "anchors.jsonl")
+	record(t, pool, 3)
+	first, err := audit.AppendAnchor(ctx, pool, key, time.Minute, path)
+	if err != nil || first.Seq == 0 {
+		t.Fatalf("first anchor: %+v %v", first, err)
+	}
+	record(t, pool, 2)
+	second, err := audit.AppendAnchor(ctx, pool, key, time.Minute, path) // walks from first
+	if err != nil || second.Seq != first.Seq+2 {
+		t.Fatalf("second anchor: %+v %v (first at %d)", second, err, first.Seq)
+	}
+	forged := forgeRow(t, pool)
+	record(t, pool, 1) // chains onto the forged row's hash, so only the forged row breaks
+	for name, from := range map[string]*audit.Anchor{"whole chain": nil, "after the last anchor": &second} {
+		_, err := audit.NewAnchor(ctx, pool, key, time.Minute, from)
+		var broken *audit.BrokenChainError
+		if !errors.As(err, &broken) || broken.Seq != forged {
+			t.Errorf("%s: %v, want the chain broken at the forged seq %d", name, err, forged)
+		}
+	}
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := audit.AppendAnchor(ctx, pool, key, time.Minute, path); err == nil {
+		t.Fatal("an anchor was appended over a forged row")
+	}
+	if after, _ := os.ReadFile(path); !bytes.Equal(after, before) {
+		t.Fatal("the anchor file changed although no anchor was signed")
+	}
+	// The last anchor's row edited: refused before any walk.
+	asSuperuser(t, pool, `UPDATE audit_event SET reason = 'edited' WHERE seq = $1`, second.Seq)
+	asSuperuser(t, pool, `UPDATE audit_event SET hash = '\x01' WHERE seq = $1`, second.Seq)
+	_, err = audit.NewAnchor(ctx, pool, key, time.Minute, &second)
+	var broken *audit.BrokenChainError
+	if !errors.As(err, &broken) || broken.Seq != second.Seq || !strings.Contains(broken.Problem, "last anchor") {
+		t.Errorf("the last anchor's row changed: %v", err)
+	}
 }
 
 // The periodic writer appends its first anchor at once.

@@ -41,13 +41,19 @@ type Progress func(checked, seq int64) error
 // when every <= 0 or progress is nil), so a long walk can report and be
 // stopped (the console's verification job).
 func VerifyProgress(ctx context.Context, q Querier, every int64, progress Progress) (VerifyResult, error) {
-	rows, err := q.Query(ctx, `SELECT `+rowColumns+` FROM audit_event ORDER BY seq`)
+	return walk(ctx, q, 0, genesis, every, progress)
+}
+
+// walk verifies the rows after seq after, the first of which must follow
+// prev (genesis from the start). HeadSeq and HeadHash are the last row
+// checked (zero when there is none after).
+func walk(ctx context.Context, q Querier, after int64, prev []byte, every int64, progress Progress) (VerifyResult, error) {
+	rows, err := q.Query(ctx, `SELECT `+rowColumns+` FROM audit_event WHERE seq > $1 ORDER BY seq`, after)
 	if err != nil {
 		return VerifyResult{}, fmt.Errorf("audit: verify: %w", err)
 	}
 	defer rows.Close()
 	var res VerifyResult
-	prev := genesis
 	for rows.Next() {
 		r, prevHash, hash, err := scanRow(rows)
 		if err != nil {
