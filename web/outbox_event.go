@@ -68,7 +68,7 @@ func (a *App) eventData(ctx context.Context, c echo.Context, id uuid.UUID) (view
 		return views.EventData{}, err
 	}
 	d := views.EventData{E: e, Audit: entries, Bulk: refs, CanAct: canAct(c), CanAudit: a.links.Audit && may(c, auth.PermAudit), SeeAudit: may(c, auth.PermAudit),
-		Live: watchURL(mark, e.Status == outbox.StatusPending), MaskedPayload: pii.MaskPayload(e.EventType, e.Payload)}
+		Live: watchURL(mark, e.Status == outbox.StatusPending), MaskedPayload: pii.MaskPayload(e.EventType, e.Payload), MaskedHeaders: pii.MaskHeaders(e.Headers)}
 	if a.links.Trace {
 		d.Trace = traceURL(traceKindEvent, e.ID.String())
 	}
