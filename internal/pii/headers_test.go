@@ -13,7 +13,7 @@ func TestMaskHeaders(t *testing.T) {
 		``:   `{}`,
 		`{}`: `{}`,
 		`{"traceparent":"00-aa-bb-01","Correlation-ID":"c-1","email":"jane@example.org"}`: `{"Correlation-ID":"c-1","email":"[redacted]","traceparent":"00-aa-bb-01"}`,
-		`{"tracestate":{"nested":"jane@example.org"}}`:                                     `{"tracestate":"[redacted]"}`,
+		`{"tracestate":{"nested":"jane@example.org"}}`:                                    `{"tracestate":"[redacted]"}`,
 		`["jane@example.org"]`: `"[redacted]"`,
 		`not json`:             `"[redacted]"`,
 	} {
