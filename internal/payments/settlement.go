@@ -172,6 +172,9 @@ func parseSettlementLine(text string) (SettlementEntry, error) {
 	if err != nil {
 		return SettlementEntry{}, errors.New("operation_id is not a UUID")
 	}
+	if op == uuid.Nil { // never an operation's id: a placeholder left in the file
+		return SettlementEntry{}, errors.New("operation_id is the nil UUID")
+	}
 	outcome, err := ParseOutcome(strings.ToLower(strings.TrimSpace(rec[1])))
 	if err != nil {
 		return SettlementEntry{}, errors.New("outcome must be succeeded or failed")
