@@ -1,12 +1,14 @@
 package web_test
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/PuerkitoBio/goquery"
+	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
 	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
@@ -21,21 +23,7 @@ import (
 // them, with something on each to act on, and checks the forms themselves.
 func TestEveryPostFormCarriesTheCSRFToken(t *testing.T) {
 	t.Parallel()
-	kr := testKeyring(t, "k1")
-	h := start(t, options{keyring: kr, configure: func(c *web.Config) { c.FourEyesAbove = decimal.RequireFromString("100.00") }})
-	dead := plant(t, h, planted{status: "dead", attempts: 5, lastError: "refused"})
-	sealed := sealedPaymentEvent(t, h, kr)
-	small, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "50.00"})
-	big, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "500.00"})
-	oncall, oncallToken := h.signedIn(t, "oncall")
-	if resp, _ := h.postForm(t, oncall, "/payments/"+big.String()+"/resolve", resolveForm(oncallToken, "succeeded")); resp.StatusCode != http.StatusSeeOther {
-		t.Fatalf("a four-eyes request to approve: %d", resp.StatusCode)
-	}
-	seedDeadEvents(t, h, "orders", 3)
-
-	pages := []string{"/", "/outbox", "/outbox?status=dead", "/outbox/" + dead.String(), "/outbox/" + sealed.String(),
-		"/payments", "/payments/" + small.String(), "/payments/" + big.String(), "/payments/settlements", "/approvals",
-		"/jobs", "/outbox/bulk", "/outbox?topic=orders", "/inbox", "/relays", "/audit", "/audit/1"}
+	h, pages := consoleWithSomethingOnEachPage(t)
 	forms := 0
 	for _, user := range []string{"support", "oncall", "auditor", "admin"} {
 		b, token := h.signedIn(t, user)
@@ -71,6 +59,93 @@ func TestEveryPostFormCarriesTheCSRFToken(t *testing.T) {
 	// resolve, approve, search, settlements, bulk, pause, reveal, verify).
 	if forms < 40 {
 		t.Fatalf("only %d posting forms seen: the pages did not render what this test walks", forms)
+	}
+}
+
+// consoleWithSomethingOnEachPage starts a console with something to act on
+// on each page (a dead event, a sealed payment event, unknown payments
+// below and above the four-eyes threshold, a pending request, dead events
+// of a topic) and returns the pages to walk.
+func consoleWithSomethingOnEachPage(t *testing.T) (*harness, []string) {
+	t.Helper()
+	kr := testKeyring(t, "k1")
+	h := start(t, options{keyring: kr, configure: func(c *web.Config) { c.FourEyesAbove = decimal.RequireFromString("100.00") }})
+	dead := plant(t, h, planted{status: "dead", attempts: 5, lastError: "refused"})
+	sealed := sealedPaymentEvent(t, h, kr)
+	small, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "50.00"})
+	big, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "500.00"})
+	oncall, oncallToken := h.signedIn(t, "oncall")
+	if resp, _ := h.postForm(t, oncall, "/payments/"+big.String()+"/resolve", resolveForm(oncallToken, "succeeded")); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("a four-eyes request to approve: %d", resp.StatusCode)
+	}
+	seedDeadEvents(t, h, "orders", 3)
+	return h, []string{"/", "/outbox", "/outbox?status=dead", "/outbox/" + dead.String(), "/outbox/" + sealed.String(),
+		"/payments", "/payments/" + small.String(), "/payments/" + big.String(), "/payments/settlements", "/approvals",
+		"/jobs", "/outbox/bulk", "/outbox?topic=orders", "/inbox", "/relays", "/audit", "/audit/1",
+		"/trace/payment/" + big.String(), "/trace/event/" + dead.String(), "/outbox/bulk?status=dead&topic=orders&action=retry"}
+}
+
+// No state change on GET (SECURITY.md): every page, as every role, leaves
+// the outbox, the payments, the books, the requests and the jobs as they
+// were, and writes no audit row but the refusals of pages a role may not
+// open. (GET /audit/export is the one GET that writes a row, its own
+// audit.export, by design: who exported the trail is itself audited.)
+func TestGetPagesChangeNothing(t *testing.T) {
+	t.Parallel()
+	h, pages := consoleWithSomethingOnEachPage(t)
+	digest := func() string {
+		t.Helper()
+		var s string
+		if err := h.pool.QueryRow(context.Background(), `SELECT concat_ws('|',
+			(SELECT md5(coalesce(string_agg(concat_ws(',', id, status, attempts, available_at, locked_until, dead_at, published_at), ';' ORDER BY id), '')) FROM outbox_event),
+			(SELECT md5(coalesce(string_agg(concat_ws(',', operation_id, status, updated_at, resolved_by), ';' ORDER BY operation_id), '')) FROM payment),
+			(SELECT md5(coalesce(string_agg(concat_ws(',', account_id, balance, reserved, updated_at), ';' ORDER BY account_id), '')) FROM account),
+			(SELECT count(*) FROM ledger_entry), (SELECT count(*) FROM balance_reservation WHERE status = 'active'),
+			(SELECT md5(coalesce(string_agg(concat_ws(',', id, state), ';' ORDER BY id), '')) FROM payment_approval),
+			(SELECT count(*) FROM outbox_job), (SELECT count(*) FROM outbox_topic_pause),
+			(SELECT md5(coalesce(string_agg(concat_ws(',', operation_id, status), ';' ORDER BY operation_id), '')) FROM idempotency_record))`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	browsers := map[string]*browser{}
+	for _, user := range []string{"support", "oncall", "auditor", "admin"} {
+		browsers[user], _ = h.signedIn(t, user)
+	}
+	var seq int64 // the audit trail after the sign-ins
+	if err := h.pool.QueryRow(context.Background(), `SELECT coalesce(max(seq), 0) FROM audit_event`).Scan(&seq); err != nil {
+		t.Fatal(err)
+	}
+	before := digest()
+	seen := 0
+	for user, b := range browsers {
+		for _, page := range pages {
+			resp, _ := b.get(t, h.base+page, "text/html")
+			switch resp.StatusCode {
+			case http.StatusOK:
+				seen++
+			case http.StatusForbidden:
+			default:
+				t.Errorf("%s GET %s: %d", user, page, resp.StatusCode)
+			}
+		}
+	}
+	if seen < 3*len(pages) {
+		t.Fatalf("only %d pages answered 200: the walk did not render what it is about", seen)
+	}
+	if after := digest(); after != before {
+		t.Errorf("GET pages changed the state:\n before %s\n after  %s", before, after)
+	}
+	rows, err := h.pool.Query(context.Background(), `SELECT action || ' ' || outcome FROM audit_event WHERE seq > $1 AND action <> 'request.denied'`, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	written, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(written) > 0 {
+		t.Errorf("GET pages wrote audit rows other than refusals: %v", written)
 	}
 }
 
