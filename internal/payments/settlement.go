@@ -334,6 +334,9 @@ func planLine(ctx context.Context, q db.RowQuerier, f SettlementFile, e Settleme
 	}
 	if cur.Status == StatusUnknown {
 		l.Result, l.Message = LineResolved, "would resolve unknown → "+string(statusOf(e.Outcome))
+		if err := noteWaitingRequest(ctx, q, e.OperationID, &l); err != nil {
+			return l, err
+		}
 		return l, nil
 	}
 	classify(&l, cur, statusOf(e.Outcome))
@@ -390,7 +393,7 @@ func applyEntry(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEn
 		switch {
 		case rerr == nil:
 			l.Result, l.Message = LineResolved, "unknown → "+string(p.Status)
-			return nil
+			return noteWaitingRequest(ctx, tx, e.OperationID, l)
 		case errors.Is(rerr, ErrNotFound):
 			l.Result, l.Message = LineNotFound, "no payment with this operation_id: money moved at the provider without a payment of ours"
 			return nil
@@ -467,6 +470,22 @@ const (
 )
 
 // pendingOutcome is the outcome the payment's pending four-eyes request asks.
+// noteWaitingRequest says on a line that resolves its payment when a
+// four-eyes request for it waits (the command line applies every line):
+// the request is left for an operator to reject, and Approvals marks it.
+func noteWaitingRequest(ctx context.Context, q db.RowQuerier, op uuid.UUID, l *SettlementLine) error {
+	var id int64
+	err := q.QueryRow(ctx, `SELECT id FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op).Scan(&id)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("payments: pending request of %s: %w", op, err)
+	}
+	l.Message += fmt.Sprintf(" (four-eyes request #%d waited for it: reject it on Approvals to close it)", id)
+	return nil
+}
+
 func pendingOutcome(ctx context.Context, q db.RowQuerier, op uuid.UUID) (Outcome, error) {
 	var o string
 	err := q.QueryRow(ctx, `SELECT outcome FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op).Scan(&o)

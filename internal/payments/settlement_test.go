@@ -346,3 +346,37 @@ func TestSettlementAboveTheFourEyesThresholdWaitsForASecondOperator(t *testing.T
 	}
 	e.checkBooks(1)
 }
+
+// `console payments reconcile` applies every line, also one whose payment
+// has a four-eyes request waiting: the dry run and the result say so, with
+// the request's number, so the operator closes it (Approvals marks it too).
+func TestSettlementNamesAWaitingRequest(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{providerTimeout: shortTimeout})
+	e.account(1, "5000")
+	u := e.unknownPayments("inv-w1")[0]
+	var id int64
+	if err := db.WithTx(context.Background(), e.pool, func(tx pgx.Tx) error {
+		a, err := RequestResolve(context.Background(), tx, ApprovalRequest{OperationID: u, Outcome: OutcomeSucceeded,
+			Reason: "provider ticket", Evidence: "T-1", RequestedBy: "iss|oncall", RequesterName: "oncall"})
+		id = a.ID
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	file := fmt.Sprintf("%s,failed\n", u)
+	want := fmt.Sprintf("four-eyes request #%d waited for it", id)
+	for _, dry := range []bool{true, false} {
+		lines, _, err := e.settle(file, dry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(lines) != 1 || lines[0].Result != LineResolved || !strings.Contains(lines[0].Message, want) {
+			t.Fatalf("dry run %v: %+v, want the waiting request named", dry, lines)
+		}
+	}
+	if p := e.payment(u); p.Status != StatusFailed {
+		t.Fatalf("payment %s, want failed", p.Status)
+	}
+	e.checkBooks(1)
+}
