@@ -102,11 +102,25 @@ func New(svc Payments, cfg Config) (http.Handler, error) {
 	e.HTTPErrorHandler = a.errorHandler
 	e.Use(a.traced, a.measure)
 	v1 := e.Group("/v1", checkHost(cfg.AllowedHosts), a.authenticate)
+	// Any other method on the API's paths is a 405 naming the one there is
+	// (the group's catch-all answered 404 not_found, which reads as a wrong
+	// path); registered first, so the routes below take their own method.
+	v1.Any("/payments", methodNotAllowed(http.MethodPost))
+	v1.Any("/payments/:operation_id", methodNotAllowed(http.MethodGet))
 	v1.POST("/payments", a.handleCreate)
 	v1.GET("/payments/:operation_id", a.handleGet)
 	e.GET("/healthz", func(c echo.Context) error { return c.String(http.StatusOK, "ok\n") })
 	e.GET("/readyz", a.handleReady)
 	return e, nil
+}
+
+// methodNotAllowed answers a method the path does not take: 405, with
+// the one it does in Allow.
+func methodNotAllowed(allow string) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		c.Response().Header().Set("Allow", allow)
+		return writeError(c, http.StatusMethodNotAllowed, "method_not_allowed", "this path takes "+allow+" only")
+	}
 }
 
 // routeLabels are the route templates the latency histogram may name;

@@ -1,6 +1,8 @@
 package paymentsapi_test
 
 import (
+	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -30,4 +32,38 @@ func TestCreatedPaymentsNameTheirLocation(t *testing.T) {
 	if bad.status != 422 || bad.header.Get("Location") != "" {
 		t.Fatalf("an error names a location: %d %q", bad.status, bad.header.Get("Location"))
 	}
+}
+
+// Another method on one of the API's paths is a 405 naming the methods
+// there are: the route group's catch-all answered 404 not_found, which
+// reads as a wrong path to a client looking for its mistake.
+func TestOtherMethodsAreNotAllowed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	for _, c := range []struct{ method, path, allow string }{
+		{http.MethodPut, "/v1/payments", http.MethodPost},
+		{http.MethodDelete, "/v1/payments", http.MethodPost},
+		{http.MethodGet, "/v1/payments", http.MethodPost},
+		{http.MethodPost, "/v1/payments/0190f3a2-7c1e-7d4b-9a51-1f2e3d4c5b6a", http.MethodGet},
+		{http.MethodDelete, "/v1/payments/0190f3a2-7c1e-7d4b-9a51-1f2e3d4c5b6a", http.MethodGet},
+	} {
+		req, _ := http.NewRequest(c.method, e.srv.URL+c.path, nil)
+		req.Header.Set("Authorization", "Bearer "+e.keyOf(e.merchant))
+		a := e.do(req)
+		if a.status != http.StatusMethodNotAllowed || a.header.Get("Allow") != c.allow || !strings.Contains(string(a.body), `"method_not_allowed"`) {
+			t.Errorf("%s %s: %d Allow %q %s, want 405 Allow %s", c.method, c.path, a.status, a.header.Get("Allow"), a.body, c.allow)
+		}
+	}
+	if a := e.do(mustRequest(t, http.MethodPut, e.srv.URL+"/v1/nowhere")); a.status != http.StatusNotFound && a.status != http.StatusUnauthorized {
+		t.Errorf("a path the API does not have: %d", a.status)
+	}
+}
+
+func mustRequest(t *testing.T, method, url string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
 }
