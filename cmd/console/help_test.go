@@ -136,29 +136,34 @@ func TestDatabaseURLFlagWherever(t *testing.T) {
 func TestUsageNeverPrintsTheEnvironmentsValues(t *testing.T) {
 	t.Parallel()
 	canary := func(key string) (string, bool) { return "CANARY-" + key + "-s3cret", true }
-	for name, cmd := range commands() {
-		verbs := cmd.verbs
-		if len(verbs) == 0 {
-			verbs = []string{""}
-		}
-		for _, v := range verbs {
-			args := []string{name}
-			if v != "" {
-				args = append(args, v)
+	for _, args := range subcommandLines() {
+		for _, last := range []string{"--help", "--no-such-flag"} {
+			var out, errb bytes.Buffer
+			code := run(context.Background(), append(append([]string(nil), args...), last), env{lookup: canary, stdout: &out, stderr: &errb})
+			all := out.String() + errb.String()
+			if strings.Contains(all, "CANARY-") {
+				i := strings.Index(all, "CANARY-")
+				t.Errorf("console %s %s (exit %d) printed a variable's value: …%s…", strings.Join(args, " "), last, code,
+					all[max(0, i-80):min(len(all), i+40)])
 			}
-			for _, last := range []string{"--help", "--no-such-flag"} {
-				var out, errb bytes.Buffer
-				code := run(context.Background(), append(append([]string(nil), args...), last), env{lookup: canary, stdout: &out, stderr: &errb})
-				all := out.String() + errb.String()
-				if strings.Contains(all, "CANARY-") {
-					i := strings.Index(all, "CANARY-")
-					t.Errorf("console %s %s (exit %d) printed a variable's value: …%s…", strings.Join(args, " "), last, code,
-						all[max(0, i-80):min(len(all), i+40)])
-				}
-				if last == "--help" && strings.Contains(all, "(env ") && !strings.Contains(all, ", set)") {
-					t.Errorf("console %s --help does not say which variables are set: %q", strings.Join(args, " "), all)
-				}
+			if last == "--help" && strings.Contains(all, "(env ") && !strings.Contains(all, ", set)") {
+				t.Errorf("console %s --help does not say which variables are set: %q", strings.Join(args, " "), all)
 			}
 		}
 	}
+}
+
+// subcommandLines are every subcommand and verb as a command line starts:
+// ["migrate", "up"], ["relay"] for one without verbs.
+func subcommandLines() [][]string {
+	var lines [][]string
+	for name, cmd := range commands() {
+		if len(cmd.verbs) == 0 {
+			lines = append(lines, []string{name})
+		}
+		for _, v := range cmd.verbs {
+			lines = append(lines, []string{name, v})
+		}
+	}
+	return lines
 }

@@ -31,21 +31,11 @@ func TestREADMENamesEveryEnvironmentVariable(t *testing.T) {
 		read[key] = true
 		return "", false
 	}
-	for name, cmd := range commands() {
-		verbs := cmd.verbs
-		if len(verbs) == 0 {
-			verbs = []string{""}
-		}
-		for _, v := range verbs {
-			args := []string{name}
-			if v != "" {
-				args = append(args, v)
-			}
-			// --help registers the flags (each reads its variable) and
-			// stops before doing anything.
-			if code := run(context.Background(), append(args, "--help"), env{lookup: record, stdout: io.Discard, stderr: io.Discard}); code != 0 {
-				t.Fatalf("console %s --help: exit %d", strings.Join(args, " "), code)
-			}
+	for _, args := range subcommandLines() {
+		// --help registers the flags (each reads its variable) and stops
+		// before doing anything.
+		if code := run(context.Background(), append(args, "--help"), env{lookup: record, stdout: io.Discard, stderr: io.Discard}); code != 0 {
+			t.Fatalf("console %s --help: exit %d", strings.Join(args, " "), code)
 		}
 	}
 	if len(read) < 40 {
