@@ -53,9 +53,13 @@ type Demo struct {
 	natsDir string
 	nats    *natsembedded.Server
 	brokers []broker.Broker
-	reg     *prometheus.Registry
-	tracing *telemetry.Tracing // a no-op one unless OTEL_* ask for an exporter
-	appRole string             // the role the services connect as ("": the database URL's user)
+	// ownNamespace: the broker is one the demo does not own (BROKER_URL),
+	// so the run works in a namespace of its own and deletes it at Close.
+	ownNamespace bool
+	namespace    string // the broker namespace ("": the default one)
+	reg          *prometheus.Registry
+	tracing      *telemetry.Tracing // a no-op one unless OTEL_* ask for an exporter
+	appRole      string             // the role the services connect as ("": the database URL's user)
 
 	notifier *outbox.Notifier
 	orders   *orderWorkload
@@ -132,10 +136,25 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 		brokerURL = d.nats.ClientURL()
 		step("embedded NATS JetStream at %s", brokerURL)
 	}
+	opts := broker.Options{Logger: log}
+	if cfg.BrokerURL != "" {
+		// A broker the demo does not own outlives the run: in the default
+		// namespace a second run's consumer read the first run's leftover
+		// messages, whose order ids start at 1 again, and its inbox then
+		// dropped the new run's own events as stale. Each run gets its own
+		// exchange or stream, deleted at Close.
+		opts.Namespace, d.ownNamespace = "sluice-demo-"+randomHex(4), true
+		d.namespace = opts.Namespace
+		shown := "(unreadable URL)"
+		if u, err := url.Parse(brokerURL); err == nil {
+			shown = u.Redacted() // its password stays out of the terminal
+		}
+		step("broker %s, namespace %s (deleted when the demo stops)", shown, opts.Namespace)
+	}
 	// One connection per relay and one for the consumer, as separate
 	// processes would have.
-	openBroker := func() (broker.Broker, error) {
-		b, err := brokerurl.Open(ctx, brokerURL, broker.Options{Logger: log})
+	openBroker := func(o broker.Options) (broker.Broker, error) {
+		b, err := brokerurl.Open(ctx, brokerURL, o)
 		if err == nil {
 			d.brokers = append(d.brokers, b)
 		}
@@ -145,13 +164,13 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	d.notifier = outbox.NewNotifier(d.pool, 0, log)
 	d.orders = newOrderWorkload(d.pool, cfg.EventRate, d.notifier.Poke)
 	for i := range cfg.Relays {
-		b, err := openBroker()
+		b, err := openBroker(opts)
 		if err != nil {
 			return nil, err
 		}
 		// Few attempts and short backoff, so a refused event reaches the
 		// dead letters within a minute of the demo's start.
-		r, err := outbox.NewRelay(d.pool, poisonPublisher{Publisher: b}, outbox.RelayConfig{
+		r, err := outbox.NewRelay(d.pool, newPoisonPublisher(b), outbox.RelayConfig{
 			Name:        fmt.Sprintf("relay-%d", i+1),
 			MaxAttempts: relayMaxAttempts,
 			Backoff:     outbox.Backoff{Cap: 10 * time.Second},
@@ -162,7 +181,12 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 		}
 		d.relays = append(d.relays, r)
 	}
-	sub, err := openBroker()
+	// The consumer rides out any outage, as the relays do: after the
+	// default ten failed tries (about two minutes) it gave up, and the
+	// demo stopped with it.
+	subOpts := opts
+	subOpts.MaxConsumeFailures = -1
+	sub, err := openBroker(subOpts)
 	if err != nil {
 		return nil, err
 	}
@@ -292,9 +316,24 @@ func (d *Demo) Run(ctx context.Context) error {
 			}
 			return err
 		}
-		fmt.Fprintf(d.out, "%s  outbox: backlog %d, in flight %d, dead %d, published %.0f/s | consumer: applied %d, duplicates absorbed %d | %s\n",
-			now.Format("15:04:05"), b.Pending, b.InFlight, b.Dead, rate, c.Applied, c.Duplicates, ps)
+		fmt.Fprintf(d.out, "%s  outbox: backlog %d, in flight %d, dead %d, published %.0f/s%s | consumer: applied %d, duplicates absorbed %d | %s\n",
+			now.Format("15:04:05"), b.Pending, b.InFlight, b.Dead, rate, d.pausedNote(), c.Applied, c.Duplicates, ps)
 	}
+}
+
+// pausedNote says when relays wait for the broker (an outage, a memory
+// alarm): "published 0/s" alone did not say why.
+func (d *Demo) pausedNote() string {
+	paused := 0
+	for _, r := range d.relays {
+		if r.Paused() {
+			paused++
+		}
+	}
+	if paused == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d of %d relays paused: the broker is unavailable)", paused, len(d.relays))
 }
 
 func (d *Demo) published() int64 {
@@ -321,6 +360,9 @@ func (d *Demo) Close() error {
 	d.wg.Wait()
 	if d.idp != nil {
 		errs = append(errs, d.idp.Close())
+	}
+	if d.ownNamespace && len(d.brokers) > 0 {
+		errs = append(errs, deleteNamespace(d.brokers[0]))
 	}
 	for _, b := range d.brokers {
 		errs = append(errs, b.Close())

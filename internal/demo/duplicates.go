@@ -2,11 +2,16 @@ package demo
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
+	"time"
 
 	"github.com/sluice-dev/sluice/internal/broker"
+	"github.com/sluice-dev/sluice/internal/broker/natsbroker"
+	"github.com/sluice-dev/sluice/internal/broker/rabbitbroker"
 	"github.com/sluice-dev/sluice/internal/outbox"
 )
 
@@ -41,10 +46,75 @@ type poisonPublisher struct {
 	outbox.Publisher
 }
 
-func (p poisonPublisher) Publish(ctx context.Context, msg broker.Message) error {
+// errRefusedPayload is the demo broker's refusal of a malformed payload.
+var errRefusedPayload = errors.New("broker refused the message: payload fails the topic's schema")
+
+func malformed(msg broker.Message) bool {
 	var body struct{ Malformed bool }
-	if json.Unmarshal(msg.Payload, &body) == nil && body.Malformed {
-		return errors.New("broker refused the message: payload fails the topic's schema")
+	return json.Unmarshal(msg.Payload, &body) == nil && body.Malformed
+}
+
+func (p poisonPublisher) Publish(ctx context.Context, msg broker.Message) error {
+	if malformed(msg) {
+		return errRefusedPayload
 	}
 	return p.Publisher.Publish(ctx, msg)
+}
+
+// poisonBatchPublisher is poisonPublisher over a broker that publishes in
+// batches (both adapters do): the relay then takes its batch path, as it
+// does in production (a plain poisonPublisher hid PublishBatch, so the demo
+// published one message per acknowledgement), and the refused messages
+// fail on their own, the rest of the batch unaffected.
+type poisonBatchPublisher struct {
+	poisonPublisher
+	batch broker.BatchPublisher
+}
+
+func (p poisonBatchPublisher) PublishBatch(ctx context.Context, msgs []broker.Message) []error {
+	errs := make([]error, len(msgs))
+	send, at := make([]broker.Message, 0, len(msgs)), make([]int, 0, len(msgs))
+	for i, m := range msgs {
+		if malformed(m) {
+			errs[i] = errRefusedPayload
+			continue
+		}
+		send, at = append(send, m), append(at, i)
+	}
+	if len(send) > 0 {
+		for j, err := range p.batch.PublishBatch(ctx, send) {
+			errs[at[j]] = err
+		}
+	}
+	return errs
+}
+
+// newPoisonPublisher wraps b, keeping its batch path when it has one.
+func newPoisonPublisher(b broker.Publisher) outbox.Publisher {
+	p := poisonPublisher{Publisher: b}
+	if bp, ok := b.(broker.BatchPublisher); ok {
+		return poisonBatchPublisher{poisonPublisher: p, batch: bp}
+	}
+	return p
+}
+
+// deleteNamespace removes what the run declared on a broker it does not
+// own: RabbitMQ's exchange and the consumer's queue, NATS's stream.
+func deleteNamespace(b broker.Broker) error {
+	switch b := b.(type) {
+	case *rabbitbroker.RabbitMQ:
+		return b.DeleteNamespace(consumerName)
+	case *natsbroker.JetStream:
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return b.DeleteStream(ctx)
+	}
+	return nil
+}
+
+// randomHex is n random bytes in hex, for a run's own names.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = crand.Read(b) // crypto/rand never fails on the platforms Go supports
+	return hex.EncodeToString(b)
 }

@@ -297,6 +297,11 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig, log *slog.Logg
 // Config is the relay's effective configuration (defaults filled in).
 func (r *Relay) Config() RelayConfig { return r.cfg }
 
+// Paused reports whether the relay's last batch met a broker outage: it
+// waits for the broker with its events untouched (the console reads the
+// same from outbox_relay; the demo's status line from here).
+func (r *Relay) Paused() bool { return r.paused.Load() }
+
 // Stats returns the relay's running totals.
 func (r *Relay) Stats() RelayStats {
 	return RelayStats{

@@ -715,6 +715,16 @@ func (n *JetStream) streamEpoch(ctx context.Context) (epoch string, last uint64,
 	return info.Created.UTC().Format(time.RFC3339Nano), info.State.LastSeq, nil
 }
 
+// DeleteStream removes the namespace's stream and with it its consumers
+// (the demo cleans up a NATS server it does not own with it). A stream
+// already gone is no error.
+func (n *JetStream) DeleteStream(ctx context.Context) error {
+	if err := n.js.DeleteStream(ctx, n.stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("broker: delete stream %s: %w", n.stream, err)
+	}
+	return nil
+}
+
 // Close drains nothing: the publisher waits for acks, so there is nothing
 // buffered to lose.
 func (n *JetStream) Close() error {
