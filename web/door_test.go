@@ -352,25 +352,18 @@ func TestRoleReducedClosesTheSocketOfAPageNoLongerAllowed(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation || ce.Text != "permission withdrawn" {
 		t.Fatalf("the audit page's socket ended with %v, want close 1008 permission withdrawn", err)
 	}
-	// The dashboard's socket, which a viewer may keep, stays open: it still
-	// answers a ping with its pong after the re-check.
-	pong := make(chan struct{}, 1)
-	dash.SetPongHandler(func(string) error { pong <- struct{}{}; return nil })
-	if err := dash.WriteControl(websocket.PingMessage, nil, time.Now().Add(5*time.Second)); err != nil {
-		t.Fatalf("the dashboard's socket closed too: %v", err)
-	}
-	_ = dash.SetReadDeadline(time.Now().Add(10 * time.Second))
-	go func() {
-		for {
-			if _, _, err := dash.ReadMessage(); err != nil {
-				return
-			}
+	// The dashboard's socket, which a viewer may keep, stays open through
+	// later re-checks (every 50 ms here): reading it for a second ends in
+	// the read's own timeout, never in a close frame.
+	_ = dash.SetReadDeadline(time.Now().Add(time.Second))
+	for {
+		if _, _, err = dash.ReadMessage(); err != nil {
+			break
 		}
-	}()
-	select {
-	case <-pong:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the dashboard's socket did not answer after the re-check")
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("the dashboard's socket ended with %v; a viewer may keep it", err)
 	}
 	if resp, _ := b.get(t, h.base+"/audit", "text/html"); resp.StatusCode != http.StatusForbidden {
 		t.Errorf("the demoted user opened /audit: %d", resp.StatusCode)

@@ -696,8 +696,14 @@ func TestEventPagesShowTheBulkJobsThatChangedThem(t *testing.T) {
 	}
 
 	_, body = b.get(t, h.base+"/trace/event/"+retried[1], "text/html")
-	if !strings.Contains(body, "outbox.retry by oncall via bulk job "+retryJob.String()[:8]) {
-		t.Errorf("the trace does not show the job's retry: %s", body)
+	if !strings.Contains(body, "outbox.retry by oncall via bulk job "+retryJob.String()[:8]) || !strings.Contains(body, `href="/jobs/`+retryJob.String()+`"`) {
+		t.Errorf("the operator's trace does not show the job's retry with its link: %s", body)
+	}
+	// A viewer's trace names the job without a link to a page it may not open.
+	viewer, _ := h.signedIn(t, "support")
+	_, body = viewer.get(t, h.base+"/trace/event/"+retried[1], "text/html")
+	if !strings.Contains(body, "via bulk job "+retryJob.String()[:8]) || strings.Contains(body, `href="/jobs/`) {
+		t.Errorf("the viewer's trace: the job's retry missing, or linked to /jobs: %s", body)
 	}
 
 	// An auditor cannot open jobs: the job is named, not linked.

@@ -59,6 +59,8 @@ func (a *App) trace(c echo.Context) error {
 				return a.links.Inbox
 			case link == "/approvals":
 				return a.links.Approvals && may(c, auth.PermPaymentsAct)
+			case strings.HasPrefix(link, "/jobs/"):
+				return a.links.Jobs && may(c, auth.PermOutboxAct)
 			}
 			return true
 		}}
@@ -276,7 +278,7 @@ func (a *App) traceEvents(ctx context.Context, b *traceBuilder, events []outbox.
 // addBulk adds the bulk jobs' actions on the events, once per chunk row
 // (one chunk may have changed several of the trace's events).
 func (b *traceBuilder) addBulk(ctx context.Context, a *App, ids []string) error {
-	bulk, refs, err := a.bulkActions(ctx, true, ids, traceAuditRows)
+	bulk, refs, err := a.bulkActions(ctx, true, ids, traceAuditRows) // the links pass linkOK
 	if err != nil {
 		return err
 	}

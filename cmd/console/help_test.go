@@ -5,8 +5,10 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -73,6 +75,9 @@ func TestFlagsAfterTheVerb(t *testing.T) {
 		{"outbox", "--reason", "pause", "--database-url", url, "pause", "flags.before"},
 		{"outbox", "--reason=back", "resume", "--database-url", url, "flags.before"},
 		{"merchants", "--database-url", url, "add", "flags-shop"},
+		// Values of a verb's own flags, one of them a verb's name.
+		{"merchants", "--name", "help", "--database-url", url, "add", "flags-shop-2"},
+		{"merchants", "--name", "Acme", "--database-url", url, "add", "flags-shop-3"},
 		// A boolean flag takes no value: keys is the verb.
 		{"merchants", "--new", "--database-url", url, "keys", "flags-shop"},
 		{"pii", "--id", "k1", "keygen"},
@@ -90,6 +95,15 @@ func TestFlagsAfterTheVerb(t *testing.T) {
 		if code != 0 {
 			t.Errorf("console %s: exit %d stdout %q stderr %q", strings.Join(args, " "), code, stdout, stderr)
 		}
+		// help's usage also exits 0: an add must say it added.
+		if args[0] == "merchants" && slices.Contains(args, "add") && !strings.Contains(stdout, "merchant "+args[len(args)-1]+" added") {
+			t.Errorf("console %s did not add: stdout %q", strings.Join(args, " "), stdout)
+		}
+	}
+	// --account's value is not the verb: assign runs, and fails on the
+	// account that does not exist (1), not as an unknown verb (2).
+	if code, _, stderr := runConsole(t, nil, "merchants", "--account", "7", "--database-url", url, "assign", "flags-shop"); code != 1 || strings.Contains(stderr, "verb") {
+		t.Errorf("merchants --account 7 assign: exit %d stderr %q, want assign to run and refuse the missing account", code, stderr)
 	}
 	for _, args := range [][]string{{"merchants", "--database-url", url}, {"outbox", "--reason", "x"}, {"pii", "--id", "k1"}, {"payments", "--dry-run"}} {
 		if code, _, stderr := runConsole(t, nil, args...); code != 2 || !strings.Contains(stderr, "want") {
@@ -135,19 +149,27 @@ func TestDatabaseURLFlagWherever(t *testing.T) {
 // variable is set.
 func TestUsageNeverPrintsTheEnvironmentsValues(t *testing.T) {
 	t.Parallel()
-	canary := func(key string) (string, bool) { return "CANARY-" + key + "-s3cret", true }
-	for _, args := range subcommandLines() {
-		for _, last := range []string{"--help", "--no-such-flag"} {
-			var out, errb bytes.Buffer
-			code := run(context.Background(), append(append([]string(nil), args...), last), env{lookup: canary, stdout: &out, stderr: &errb})
-			all := out.String() + errb.String()
-			if strings.Contains(all, "CANARY-") {
-				i := strings.Index(all, "CANARY-")
-				t.Errorf("console %s %s (exit %d) printed a variable's value: …%s…", strings.Join(args, " "), last, code,
-					all[max(0, i-80):min(len(all), i+40)])
-			}
-			if last == "--help" && strings.Contains(all, "(env ") && !strings.Contains(all, ", set)") {
-				t.Errorf("console %s --help does not say which variables are set: %q", strings.Join(args, " "), all)
+	// One canary per flag type, each a value its type parses (a string
+	// flag takes any), so a typed flag is seeded from it too; the printed
+	// form is what usage would show as the default.
+	for _, c := range []struct{ value, printed string }{
+		{"CANARY-s3cret", "CANARY-s3cret"},
+		{"987654321", "987654321"},
+		{"987654321s", (987654321 * time.Second).String()},
+	} {
+		canary := func(string) (string, bool) { return c.value, true }
+		for _, args := range subcommandLines() {
+			for _, last := range []string{"--help", "--no-such-flag"} {
+				var out, errb bytes.Buffer
+				code := run(context.Background(), append(append([]string(nil), args...), last), env{lookup: canary, stdout: &out, stderr: &errb})
+				all := out.String() + errb.String()
+				if i := strings.Index(all, c.printed); i >= 0 {
+					t.Errorf("console %s %s (exit %d) printed a variable's value: …%s…", strings.Join(args, " "), last, code,
+						all[max(0, i-80):min(len(all), i+40)])
+				}
+				if last == "--help" && strings.Contains(all, "(env ") && !strings.Contains(all, ", set)") {
+					t.Errorf("console %s --help does not say which variables are set: %q", strings.Join(args, " "), all)
+				}
 			}
 		}
 	}
@@ -166,4 +188,19 @@ func subcommandLines() [][]string {
 		}
 	}
 	return lines
+}
+
+// A malformed URL setting is named, never printed: DATABASE_URL and
+// BROKER_URL may carry a password, and the error goes to stderr.
+func TestAMalformedURLIsNotPrinted(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ env, url string }{
+		{"DATABASE_URL", "postgres://app:hunter2%zz@db/x"},
+		{"BROKER_URL", "amqp://app:hunter2@/%zz"},
+	} {
+		code, stdout, stderr := runConsole(t, map[string]string{"DATABASE_URL": "postgres://u@127.0.0.1:1/x", c.env: c.url}, "relay")
+		if code == 0 || !strings.Contains(stderr, c.env) || strings.Contains(stdout+stderr, "hunter2") {
+			t.Errorf("%s malformed: exit %d, output %q (want it named, without its password)", c.env, code, stdout+stderr)
+		}
+	}
 }

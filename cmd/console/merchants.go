@@ -35,7 +35,11 @@ variable left set never repeats an action by itself.
 `
 
 func runMerchants(ctx context.Context, e env, args []string) error {
-	verb, args, found := verbAmongFlags(args, &config.Merchants{})
+	// Each verb registers its own flags (--name, --account, --new), so each
+	// says which of them take a value: with none of them known, a value
+	// before the verb was read as the verb.
+	verb, args, found := verbAmongFlags(args, &config.Merchants{Verb: "add"}, &config.Merchants{Verb: "assign"},
+		&config.Merchants{Verb: "keys"}, &config.Merchants{Verb: "revoke"})
 	switch {
 	case !found && askedForHelp(args), verb == "help":
 		fmt.Fprint(e.stdout, merchantsUsage)

@@ -124,13 +124,15 @@ func (e *BrokenChainError) Error() string {
 
 // NewAnchor verifies the chain and signs its verified head with key. every
 // is the interval of a periodic writer (0 on demand). from is the last
-// anchor this signer wrote, whose row was verified then: only the rows after
-// it are walked (its own row must still hold its hash); nil walks the whole
-// chain. A chain that does not verify gets no anchor (*BrokenChainError):
-// whoever holds the application's credentials can append a row, and an
-// anchor signed over a forged head would vouch for it.
+// anchor this process wrote, after walking the chain up to it itself (never
+// one read back from a file): only the rows after it are walked (its own
+// row must still hold its hash); nil walks the whole chain. A chain that
+// does not verify gets no anchor (*BrokenChainError): whoever holds the
+// application's credentials can append a row, and an anchor signed over a
+// forged head would vouch for it.
 func NewAnchor(ctx context.Context, q AnchorQuerier, key ed25519.PrivateKey, every time.Duration, from *Anchor) (Anchor, error) {
-	after, prev := int64(0), genesis
+	var after *int64 // nil: walk every row
+	prev := genesis
 	if from != nil && from.Seq > 0 {
 		h, err := hex.DecodeString(from.Hash)
 		if err != nil {
@@ -144,7 +146,8 @@ func NewAnchor(ctx context.Context, q AnchorQuerier, key ed25519.PrivateKey, eve
 		if err != nil {
 			return Anchor{}, fmt.Errorf("audit: anchor: read the last anchor's row: %w", err)
 		}
-		after, prev = from.Seq, h
+		seq := from.Seq
+		after, prev = &seq, h
 	}
 	res, err := walk(ctx, q, after, prev, 0, nil)
 	if err != nil {
@@ -153,7 +156,10 @@ func NewAnchor(ctx context.Context, q AnchorQuerier, key ed25519.PrivateKey, eve
 	if !res.Intact() {
 		return Anchor{}, &BrokenChainError{Seq: res.FirstBroken, Problem: res.Problem}
 	}
-	a := Anchor{Seq: after, Hash: hex.EncodeToString(prev)}
+	a := Anchor{Hash: hex.EncodeToString(prev)}
+	if after != nil {
+		a.Seq = *after
+	}
 	if res.Checked > 0 {
 		a.Seq, a.Hash = res.HeadSeq, hex.EncodeToString(res.HeadHash)
 	}
@@ -185,38 +191,14 @@ func writeAnchor(ctx context.Context, q AnchorQuerier, key ed25519.PrivateKey, e
 	return a, nil
 }
 
-// AppendAnchor writes an anchor at the end of the file at path, creating
-// it, and syncs it to disk. The chain is verified from the file's last
-// anchor of this key (the whole chain when there is none).
+// AppendAnchor verifies the whole chain, signs its head and writes the
+// anchor at the end of the file at path, creating it, and syncs it to disk.
+// The file is not read: an anchor in it proves nothing about the rows
+// written since (one written before anchors verified, or by anyone who may
+// write the file, could name a forged head), so only what this process
+// verified itself is a starting point (Anchorer).
 func AppendAnchor(ctx context.Context, q AnchorQuerier, key ed25519.PrivateKey, every time.Duration, path string) (Anchor, error) {
-	from, err := lastAnchorIn(path, KeyID(key.Public().(ed25519.PublicKey)))
-	if err != nil {
-		return Anchor{}, err
-	}
-	return appendAnchor(ctx, q, key, every, path, from)
-}
-
-// lastAnchorIn is the file's last anchor signed by key id keyID (nil: no
-// file, or none of this key).
-func lastAnchorIn(path, keyID string) (*Anchor, error) {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("audit: anchor file: %w", err)
-	}
-	defer f.Close()
-	all, err := ReadAnchors(f)
-	if err != nil {
-		return nil, err
-	}
-	for i := len(all) - 1; i >= 0; i-- {
-		if all[i].Key == keyID {
-			return &all[i], nil
-		}
-	}
-	return nil, nil
+	return appendAnchor(ctx, q, key, every, path, nil)
 }
 
 func appendAnchor(ctx context.Context, q AnchorQuerier, key ed25519.PrivateKey, every time.Duration, path string, from *Anchor) (Anchor, error) {
@@ -236,9 +218,9 @@ func appendAnchor(ctx context.Context, q AnchorQuerier, key ed25519.PrivateKey, 
 
 // Anchorer appends an anchor to File at once and then every Every, until
 // its context ends: the console's periodic checkpoints. Ship the file
-// somewhere the database's administrators cannot write. Each anchor
-// verifies the rows written since the one before (the first, since the
-// file's last anchor of this key, or the whole chain).
+// somewhere the database's administrators cannot write. Its first anchor
+// verifies the whole chain, each later one the rows written since the
+// anchor before it, which this process verified itself.
 type Anchorer struct {
 	DB    AnchorQuerier
 	Key   ed25519.PrivateKey
@@ -257,10 +239,7 @@ func (a *Anchorer) Run(ctx context.Context) {
 	}
 	t := time.NewTicker(a.Every)
 	defer t.Stop()
-	from, err := lastAnchorIn(a.File, KeyID(a.Key.Public().(ed25519.PublicKey)))
-	if err != nil {
-		log.Error("audit anchor file unreadable: the first anchor verifies the whole chain", "file", a.File, "err", err)
-	}
+	var from *Anchor
 	for {
 		an, err := appendAnchor(ctx, a.DB, a.Key, a.Every, a.File, from)
 		var broken *BrokenChainError

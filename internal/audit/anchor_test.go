@@ -196,8 +196,10 @@ func forgeRow(t *testing.T, pool *pgxpool.Pool) int64 {
 
 // An anchor vouches for the rows up to its head, so none is signed over a
 // chain that does not verify: a row forged with the application's
-// credentials, or the last anchor's own row changed since. The periodic
-// writer walks only the rows after its last anchor (the file's, at start).
+// credentials, or the last anchor's own row changed since. An anchor in the
+// file is never a starting point (one written before anchors verified, or
+// by whoever may write the file, could name a forged head): AppendAnchor
+// walks the whole chain, and only a process's own anchors shorten its walk.
 func TestAnchorRefusesABrokenChain(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
@@ -210,7 +212,7 @@ func TestAnchorRefusesABrokenChain(t *testing.T) {
 		t.Fatalf("first anchor: %+v %v", first, err)
 	}
 	record(t, pool, 2)
-	second, err := audit.AppendAnchor(ctx, pool, key, time.Minute, path) // walks from first
+	second, err := audit.AppendAnchor(ctx, pool, key, time.Minute, path)
 	if err != nil || second.Seq != first.Seq+2 {
 		t.Fatalf("second anchor: %+v %v (first at %d)", second, err, first.Seq)
 	}
@@ -223,12 +225,24 @@ func TestAnchorRefusesABrokenChain(t *testing.T) {
 			t.Errorf("%s: %v, want the chain broken at the forged seq %d", name, err, forged)
 		}
 	}
+	// A line naming the forged row as a head, as a writer before this
+	// check could have signed it: the file is not trusted.
+	forgedHead := audit.Anchor{Seq: forged, Hash: "00", At: time.Now().UTC(), Key: audit.KeyID(key.Public().(ed25519.PublicKey)), Sig: "AAAA"}
+	line, _ := json.Marshal(forgedHead)
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(append(line, '\n')); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
 	before, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := audit.AppendAnchor(ctx, pool, key, time.Minute, path); err == nil {
-		t.Fatal("an anchor was appended over a forged row")
+		t.Fatal("an anchor was appended over a forged row (resumed from the file's last line?)")
 	}
 	if after, _ := os.ReadFile(path); !bytes.Equal(after, before) {
 		t.Fatal("the anchor file changed although no anchor was signed")

@@ -128,6 +128,15 @@ func TestVerifyFindsEditedDeletedAndReorderedRows(t *testing.T) {
 			asSuperuser(t, pool, `UPDATE audit_event SET seq = $1 WHERE seq = -1`, s[3])
 			return s[1]
 		}},
+		// The application's role may INSERT, and so choose a seq: a row
+		// before every other is walked too.
+		{"row inserted with seq -1", func(t *testing.T, pool *pgxpool.Pool, s []int64) int64 {
+			if _, err := pool.Exec(context.Background(), `INSERT INTO audit_event (seq, action, actor_name, outcome, prev_hash, hash)
+				VALUES (-1, 'pii.reveal', 'alice', 'ok', '\x00', '\x00')`); err != nil {
+				t.Fatal(err)
+			}
+			return -1
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

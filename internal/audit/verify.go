@@ -41,14 +41,19 @@ type Progress func(checked, seq int64) error
 // when every <= 0 or progress is nil), so a long walk can report and be
 // stopped (the console's verification job).
 func VerifyProgress(ctx context.Context, q Querier, every int64, progress Progress) (VerifyResult, error) {
-	return walk(ctx, q, 0, genesis, every, progress)
+	return walk(ctx, q, nil, genesis, every, progress)
 }
 
-// walk verifies the rows after seq after, the first of which must follow
-// prev (genesis from the start). HeadSeq and HeadHash are the last row
-// checked (zero when there is none after).
-func walk(ctx context.Context, q Querier, after int64, prev []byte, every int64, progress Progress) (VerifyResult, error) {
-	rows, err := q.Query(ctx, `SELECT `+rowColumns+` FROM audit_event WHERE seq > $1 ORDER BY seq`, after)
+// walk verifies the rows after seq *after (every row when after is nil:
+// a row inserted with a seq of 0 or below is still one to check), the
+// first of which must follow prev (genesis from the start). HeadSeq and
+// HeadHash are the last row checked (zero when there is none after).
+func walk(ctx context.Context, q Querier, after *int64, prev []byte, every int64, progress Progress) (VerifyResult, error) {
+	sql, args := `SELECT `+rowColumns+` FROM audit_event ORDER BY seq`, []any(nil)
+	if after != nil {
+		sql, args = `SELECT `+rowColumns+` FROM audit_event WHERE seq > $1 ORDER BY seq`, []any{*after}
+	}
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return VerifyResult{}, fmt.Errorf("audit: verify: %w", err)
 	}

@@ -270,7 +270,9 @@ func (c *Check) URL(env, v string, schemes ...string) bool {
 	}
 	u, err := url.Parse(v)
 	if err != nil || u.Host == "" {
-		c.Failf("%s: %q is not an absolute URL", env, v)
+		// The value is not printed: a URL may carry a password
+		// (DATABASE_URL, BROKER_URL), and this line goes to stderr.
+		c.Failf("%s is not an absolute URL (write %s://host…; its value is not shown, as it may hold a password)", env, schemes[0])
 		return false
 	}
 	for _, s := range schemes {

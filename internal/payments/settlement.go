@@ -469,7 +469,6 @@ const (
 	lineClassify                 // above the threshold and not unknown: classify, never resolve
 )
 
-// pendingOutcome is the outcome the payment's pending four-eyes request asks.
 // noteWaitingRequest says on a line that resolves its payment when a
 // four-eyes request for it waits (the command line applies every line):
 // the request is left for an operator to reject, and Approvals marks it.
@@ -486,6 +485,7 @@ func noteWaitingRequest(ctx context.Context, q db.RowQuerier, op uuid.UUID, l *S
 	return nil
 }
 
+// pendingOutcome is the outcome the payment's pending four-eyes request asks.
 func pendingOutcome(ctx context.Context, q db.RowQuerier, op uuid.UUID) (Outcome, error) {
 	var o string
 	err := q.QueryRow(ctx, `SELECT outcome FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op).Scan(&o)
