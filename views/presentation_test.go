@@ -45,8 +45,8 @@ func TestColumnHeadersOfLocalTimesNameNoZone(t *testing.T) {
 		"audit list": AuditList(Page{}, AuditListData{Rows: []audit.ListRow{{Seq: 1, OccurredAt: at}}}),
 		"payment": PaymentPage(Page{}, PaymentData{ReadAt: at, Ledger: []payments.LedgerEntry{{CreatedAt: at}},
 			Calls: []payments.ProviderCall{{StartedAt: at}}, Events: []outbox.ListRow{{ID: uuid.New(), CreatedAt: at}},
-			Audit: []audit.Entry{{OccurredAt: at}}}),
-		"event": EventPage(Page{}, EventData{E: outbox.EventDetail{Row: outbox.Row{ID: uuid.New()}}, Audit: []audit.Entry{{OccurredAt: at}}}),
+			Audit: []audit.Entry{{OccurredAt: at}}, SeeAudit: true}),
+		"event": EventPage(Page{}, EventData{E: outbox.EventDetail{Row: outbox.Row{ID: uuid.New()}}, Audit: []audit.Entry{{OccurredAt: at}}, SeeAudit: true}),
 	}
 	for name, c := range pages {
 		d := render(t, c)
