@@ -1611,14 +1611,14 @@ func bulkJob(ref BulkRef) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 142, "\" data-testid=\"bulk-job\"><code title=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 142, "\" class=\"job-id\" data-testid=\"bulk-job\"><code title=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var75 string
 			templ_7745c5c3_Var75, templ_7745c5c3_Err = templruntime.NewAttributeExpression(ref.Job).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/outbox_event.templ`, Line: 311, Col: 81}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/outbox_event.templ`, Line: 311, Col: 96}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var75)
 			if templ_7745c5c3_Err != nil {
@@ -1631,7 +1631,7 @@ func bulkJob(ref BulkRef) templ.Component {
 			var templ_7745c5c3_Var76 string
 			templ_7745c5c3_Var76, templ_7745c5c3_Err = templ.JoinStringErrs(short(ref.Job))
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/outbox_event.templ`, Line: 311, Col: 100}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/outbox_event.templ`, Line: 311, Col: 115}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var76))
 			if templ_7745c5c3_Err != nil {
@@ -1642,14 +1642,14 @@ func bulkJob(ref BulkRef) templ.Component {
 				return templ_7745c5c3_Err
 			}
 		} else {
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 145, "<code title=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 145, "<code class=\"job-id\" title=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var77 string
 			templ_7745c5c3_Var77, templ_7745c5c3_Err = templruntime.NewAttributeExpression(ref.Job).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/outbox_event.templ`, Line: 313, Col: 23}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/outbox_event.templ`, Line: 313, Col: 38}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var77)
 			if templ_7745c5c3_Err != nil {
@@ -1662,7 +1662,7 @@ func bulkJob(ref BulkRef) templ.Component {
 			var templ_7745c5c3_Var78 string
 			templ_7745c5c3_Var78, templ_7745c5c3_Err = templ.JoinStringErrs(short(ref.Job))
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/outbox_event.templ`, Line: 313, Col: 65}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/outbox_event.templ`, Line: 313, Col: 80}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var78))
 			if templ_7745c5c3_Err != nil {
@@ -1705,12 +1705,19 @@ func outcomeOf(a audit.Entry) string {
 // never retried counts from its creation.
 func attemptsLine(attempts int, entries []audit.Entry) string {
 	line := CountOf(int64(attempts), "publish attempt", "publish attempts")
-	for _, a := range entries {
-		if a.Action == "outbox.retry" && a.Outcome == audit.OutcomeOK {
-			return line + " since the last retry"
+	for _, a := range entries { // newest first
+		if restartsAttempts(a) {
+			return line + " since the last " + actionWords(a)
 		}
 	}
 	return line
+}
+
+// restartsAttempts: the action set the event's attempts to 0, so the
+// attempts line counts from it: a retry (outbox.actRetry) or a replay
+// (outbox.actReplay), an operator's or a bulk job's.
+func restartsAttempts(a audit.Entry) bool {
+	return a.Outcome == audit.OutcomeOK && (a.Action == "outbox.retry" || a.Action == "outbox.replay")
 }
 
 // DiedBefore is the death an operator's retry undid, read from the retry's
@@ -1729,8 +1736,8 @@ func DiedBefore(a audit.Entry) (outbox.State, bool) {
 	return before, true
 }
 
-// The timeline's operator actions are split at the last retry, which
-// restarts the attempts: those up to it come before the attempts line, the
+// The timeline's operator actions are split at the last retry or replay,
+// which restart the attempts: those up to it come before the attempts line, the
 // later ones (a dead-letter or a retry-now after attempts) after it.
 func actionsUpToLastRetry(entries []audit.Entry) []audit.Entry {
 	acts := retries(entries)
@@ -1742,11 +1749,11 @@ func actionsAfterLastRetry(entries []audit.Entry) []audit.Entry {
 	return acts[lastRetry(acts)+1:]
 }
 
-// lastRetry is the index of the last retry in acts (oldest first), -1 if
-// there is none.
+// lastRetry is the index of the last retry or replay in acts (oldest
+// first), -1 if there is none.
 func lastRetry(acts []audit.Entry) int {
 	for i := len(acts) - 1; i >= 0; i-- {
-		if acts[i].Action == "outbox.retry" {
+		if restartsAttempts(acts[i]) {
 			return i
 		}
 	}

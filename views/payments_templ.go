@@ -2696,7 +2696,7 @@ func approvalTable(p Page, rows []payments.Approval, act bool, me string) templ.
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 249, " (settled another way): nothing is left to approve. Reject the request to close it.</p>")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 249, " (settled another way): nothing is left to approve, and rejecting the request closes it.</p>")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}

@@ -7,8 +7,8 @@ import (
 	"github.com/sluice-dev/sluice/internal/audit"
 )
 
-// The event's timeline puts the attempts after the last retry, which
-// restarted them, and the actions taken since after the attempts; a
+// The event's timeline puts the attempts after the last retry or replay,
+// which restarted them, and the actions taken since after the attempts; a
 // refused action is not on it. Entries come newest first, as the page
 // reads them.
 func TestTimelineSplitsActionsAtTheLastRetry(t *testing.T) {
@@ -33,6 +33,12 @@ func TestTimelineSplitsActionsAtTheLastRetry(t *testing.T) {
 				entry("outbox.retry", audit.OutcomeOK), entry("outbox.retry_now", audit.OutcomeOK),
 			},
 			[]string{"retry now", "retry"}, []string{"dead letter"}, "3 publish attempts since the last retry",
+		},
+		// A replay restarts the attempts too (a bulk job's, read from its
+		// chunk row): its attempts come after it, not before.
+		{
+			[]audit.Entry{entry("outbox.replay", audit.OutcomeOK), entry("outbox.retry", audit.OutcomeOK)},
+			[]string{"retry", "replay"}, nil, "3 publish attempts since the last replay",
 		},
 	} {
 		if got := words(actionsUpToLastRetry(c.entries)); !slices.Equal(got, c.before) {

@@ -20,6 +20,7 @@ import (
 var approvalDone = map[string]string{
 	"approved": "Approved: the payment is resolved, in the same commit as the approval and its audit row.",
 	"rejected": "Rejected: the payment stays unknown; its reservation is untouched.",
+	"closed":   "Closed: the request's payment had been settled another way; nothing else changed.",
 }
 
 // approvalsListLimit is how many pending requests the approvals page lists.
@@ -72,19 +73,31 @@ func (a *App) decideApproval(approve bool) echo.HandlerFunc {
 			return err
 		}
 		ev := a.actorEvent(c, sess, action, auditTargetPayment, req.OperationID.String())
-		ev.Reason, ev.Evidence = req.Reason, req.Evidence
+		if approve {
+			// An approval adopts the request's reason and evidence; a
+			// rejection gives none of its own, and the requester's reason
+			// on its row read as the rejecter's.
+			ev.Reason, ev.Evidence = req.Reason, req.Evidence
+		}
+		decided := done
 		err = db.WithTx(ctx, a.pool, func(tx pgx.Tx) error {
 			r, p, err := payments.Decide(ctx, tx, payments.Decision{ID: id, Approve: approve, DecidedBy: staffID(sess),
 				DeciderName: sess.Name, Topic: a.cfg.PaymentsTopic})
 			if err != nil {
 				return err
 			}
-			ok := ev
-			ok.Before = statusJSON("status", string(payments.StatusUnknown), "approval", payments.ApprovalPending, "approval_id", int64String(id))
-			after := string(payments.StatusUnknown)
+			// The payment as it is: a rejection leaves it as it was, which
+			// is not unknown when it was settled another way meanwhile (a
+			// settlement file, the reconcile worker); an approval moved it
+			// from unknown.
+			before, after := string(r.PaymentStatus), string(r.PaymentStatus)
 			if approve {
-				after = string(p.Status)
+				before, after = string(payments.StatusUnknown), string(p.Status)
+			} else if r.PaymentStatus != payments.StatusUnknown {
+				decided = "closed"
 			}
+			ok := ev
+			ok.Before = statusJSON("status", before, "approval", payments.ApprovalPending, "approval_id", int64String(id))
 			ok.After = statusJSON("status", after, "outcome", string(r.Outcome), "approval", r.State, "approval_id", int64String(id),
 				"requested_by", r.RequestedBy)
 			return audit.Record(ctx, tx, ok)
@@ -95,7 +108,7 @@ func (a *App) decideApproval(approve bool) echo.HandlerFunc {
 			if approve {
 				a.pokeLive(ctx)
 			}
-			return c.Redirect(http.StatusSeeOther, "/approvals?done="+done)
+			return c.Redirect(http.StatusSeeOther, "/approvals?done="+decided)
 		case errors.Is(err, payments.ErrSelfApproval):
 			a.metrics.actions.WithLabelValues(action, audit.OutcomeDenied).Inc()
 			denied := ev

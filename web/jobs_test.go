@@ -680,10 +680,20 @@ func TestEventPagesShowTheBulkJobsThatChangedThem(t *testing.T) {
 		t.Errorf("audit rows: the newest should be the dead-letter, the other the job's retry with its reason and link: %s", outerHTML(rows))
 	}
 
+	// A replay restarts the attempts: the relay's publish after it is
+	// counted after it on the timeline.
+	if _, err := h.pool.Exec(ctx, `UPDATE outbox_event SET attempts = 1 WHERE id = $1`, replayed[1]); err != nil {
+		t.Fatal(err)
+	}
 	_, body = b.get(t, h.base+"/outbox/"+replayed[1], "text/html")
 	d = doc(t, body)
 	if got := strings.Join(strings.Fields(d.Find(`[data-testid="bulk-action"]`).Text()), " "); !strings.HasPrefix(got, "replay by oncall via bulk job") {
 		t.Errorf("replayed event's timeline says %q", got)
+	}
+	var lines []string
+	d.Find(`[data-testid="timeline"] li`).Each(func(_ int, s *goquery.Selection) { lines = append(lines, strings.Join(strings.Fields(s.Text()), " ")) })
+	if len(lines) < 3 || !strings.HasPrefix(lines[1], "replay by oncall") || lines[2] != "1 publish attempt since the last replay" {
+		t.Errorf("replayed event's timeline %q, want the replay, then the attempt since it", lines)
 	}
 	_, body = admin.get(t, h.base+"/outbox/"+replayed[1], "text/html")
 	if d := doc(t, body); d.Find(`[data-testid="audit-empty"]`).Length() != 0 || d.Find(`[data-testid="audit-row"]`).Length() != 1 {

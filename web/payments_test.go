@@ -293,7 +293,7 @@ func TestStaleFourEyesRequestIsMarked(t *testing.T) {
 	}
 	_, list = admin.get(t, h.base+"/approvals", "text/html")
 	d := doc(t, list)
-	if got := d.Find(`[data-testid="approval-stale"]`).Text(); !strings.Contains(got, "now failed") {
+	if got := d.Find(`[data-testid="approval-stale"]`).Text(); !strings.Contains(got, "now failed") || !strings.Contains(got, "rejecting the request closes it") {
 		t.Errorf("the stale request is not marked: %q", got)
 	}
 	if d.Find(`[data-testid="approve"]`).Length() != 0 || d.Find(`[data-testid="reject"]`).Length() != 1 {
@@ -303,11 +303,23 @@ func TestStaleFourEyesRequestIsMarked(t *testing.T) {
 	if err := h.pool.QueryRow(context.Background(), `SELECT id FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	if resp, _ := h.postForm(t, admin, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {adminToken}}); resp.StatusCode != http.StatusSeeOther {
-		t.Fatalf("reject: %d", resp.StatusCode)
+	resp, _ := h.postForm(t, admin, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {adminToken}})
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/approvals?done=closed" {
+		t.Fatalf("reject: %d %q, want 303 to the list saying the request was closed", resp.StatusCode, resp.Header.Get("Location"))
 	}
 	if e := h.effectsOf(t, op); e.status != "failed" {
 		t.Fatalf("the rejection moved the payment: %+v", e)
+	}
+	// Its audit row names the payment as it was (failed), not the unknown
+	// a rejection of a live request leaves, and no reason the rejecter did
+	// not give.
+	if n := h.countAudit(t, `action = 'payments.reject' AND outcome = 'ok' AND target_id = $1 AND before->>'status' = 'failed'
+		AND after->>'status' = 'failed' AND reason = ''`, op.String()); n != 1 {
+		t.Errorf("%d reject rows with the payment's real status and no borrowed reason, want 1", n)
+	}
+	_, list = admin.get(t, h.base+"/approvals?done=closed", "text/html")
+	if got := doc(t, list).Find(`[data-testid="notice"]`).Text(); !strings.Contains(got, "settled another way") {
+		t.Errorf("the notice after closing reads %q", got)
 	}
 }
 

@@ -481,7 +481,7 @@ func noteWaitingRequest(ctx context.Context, q db.RowQuerier, op uuid.UUID, l *S
 	case err != nil:
 		return fmt.Errorf("payments: pending request of %s: %w", op, err)
 	}
-	l.Message += fmt.Sprintf(" (four-eyes request #%d waited for it: reject it on Approvals to close it)", id)
+	l.Message += fmt.Sprintf(" (four-eyes request #%d waits for it: reject it on Approvals to close it)", id)
 	return nil
 }
 

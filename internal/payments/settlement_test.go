@@ -365,7 +365,7 @@ func TestSettlementNamesAWaitingRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	file := fmt.Sprintf("%s,failed\n", u)
-	want := fmt.Sprintf("four-eyes request #%d waited for it", id)
+	want := fmt.Sprintf("four-eyes request #%d waits for it", id)
 	for _, dry := range []bool{true, false} {
 		lines, _, err := e.settle(file, dry)
 		if err != nil {
