@@ -277,12 +277,7 @@ func TestRoleRemovedAtProviderEndsSession(t *testing.T) {
 	if h.countAudit(t, `action = 'auth.role_recheck' AND outcome = 'denied' AND error_code = 'no_mapped_role' AND actor_sub = 'user-temp'`) != 1 {
 		t.Fatal("the ended session is not audited")
 	}
-	_ = ws.SetReadDeadline(time.Now().Add(30 * time.Second))
-	for {
-		if _, _, err = ws.ReadMessage(); err != nil {
-			break
-		}
-	}
+	err = readUntilEnd(ws, 30*time.Second)
 	var ce *websocket.CloseError
 	if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation {
 		t.Fatalf("websocket ended with %v, want close 1008", err)
@@ -305,12 +300,7 @@ func TestRoleRemovedClosesAnIdleDashboardSocket(t *testing.T) {
 	defer ws.Close()
 	h.idp.SetGroups("temp")
 	clock.Advance(6 * time.Minute)
-	_ = ws.SetReadDeadline(time.Now().Add(30 * time.Second))
-	for {
-		if _, _, err = ws.ReadMessage(); err != nil {
-			break
-		}
-	}
+	err = readUntilEnd(ws, 30*time.Second)
 	var ce *websocket.CloseError
 	if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation {
 		t.Fatalf("websocket ended with %v, want close 1008", err)
@@ -342,12 +332,7 @@ func TestRoleReducedClosesTheSocketOfAPageNoLongerAllowed(t *testing.T) {
 	defer dash.Close()
 	h.idp.SetGroups("demoted", "support")
 	clock.Advance(6 * time.Minute)
-	_ = auditWS.SetReadDeadline(time.Now().Add(30 * time.Second))
-	for {
-		if _, _, err = auditWS.ReadMessage(); err != nil {
-			break
-		}
-	}
+	err = readUntilEnd(auditWS, 30*time.Second)
 	var ce *websocket.CloseError
 	if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation || ce.Text != "permission withdrawn" {
 		t.Fatalf("the audit page's socket ended with %v, want close 1008 permission withdrawn", err)
@@ -355,12 +340,7 @@ func TestRoleReducedClosesTheSocketOfAPageNoLongerAllowed(t *testing.T) {
 	// The dashboard's socket, which a viewer may keep, stays open through
 	// later re-checks (every 50 ms here): reading it for a second ends in
 	// the read's own timeout, never in a close frame.
-	_ = dash.SetReadDeadline(time.Now().Add(time.Second))
-	for {
-		if _, _, err = dash.ReadMessage(); err != nil {
-			break
-		}
-	}
+	err = readUntilEnd(dash, time.Second)
 	var ne net.Error
 	if !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("the dashboard's socket ended with %v; a viewer may keep it", err)
@@ -696,5 +676,16 @@ func TestRoleRecheckWithTheProviderDown(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusSeeOther || h.countAudit(t, `action = 'auth.logout' AND outcome = 'ok'`) != 1 {
 		t.Fatalf("sign-out with the provider down: %d", resp.StatusCode)
+	}
+}
+
+// readUntilEnd reads ws until it ends (a close, an error) or for d, and
+// returns how it ended: a *websocket.CloseError, or a timeout.
+func readUntilEnd(ws *websocket.Conn, d time.Duration) error {
+	_ = ws.SetReadDeadline(time.Now().Add(d))
+	for {
+		if _, _, err := ws.ReadMessage(); err != nil {
+			return err
+		}
 	}
 }

@@ -53,22 +53,8 @@ func TestChunksNamingReadsTheIndex(t *testing.T) {
 		t.Errorf("limit 1: %+v, %v", got, err)
 	}
 
-	rows, err := pool.Query(ctx, "EXPLAIN "+audit.ChunksNamingSQL, []string{"e1000"}, 50)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var plan strings.Builder
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan.WriteString(line + "\n")
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(plan.String(), "audit_event_bulk_ids_idx") || strings.Contains(plan.String(), "Seq Scan on audit_event") {
-		t.Errorf("the chunks' read does not probe audit_event_bulk_ids_idx:\n%s", plan.String())
+	plan := explain(t, pool, audit.ChunksNamingSQL, []string{"e1000"}, 50)
+	if !strings.Contains(plan, "audit_event_bulk_ids_idx") || strings.Contains(plan, "Seq Scan on audit_event") {
+		t.Errorf("the chunks' read does not probe audit_event_bulk_ids_idx:\n%s", plan)
 	}
 }

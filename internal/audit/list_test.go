@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/sluice-dev/sluice/internal/audit"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 )
@@ -41,23 +44,8 @@ func TestListPlansUseIndexes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var plan strings.Builder
-			rows, err := pool.Query(ctx, "EXPLAIN "+sql, args)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for rows.Next() {
-				var line string
-				if err := rows.Scan(&line); err != nil {
-					t.Fatal(err)
-				}
-				plan.WriteString(line + "\n")
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
-			if strings.Contains(plan.String(), "Seq Scan") {
-				t.Errorf("%s (after %d): a sequential scan:\n%s", name, after, plan.String())
+			if plan := explain(t, pool, sql, args); strings.Contains(plan, "Seq Scan") {
+				t.Errorf("%s (after %d): a sequential scan:\n%s", name, after, plan)
 			}
 		}
 	}
@@ -78,4 +66,18 @@ func TestVerifyProgressReports(t *testing.T) {
 	if len(calls) != 2 || calls[0][0] != 10 || calls[1][0] != 20 || calls[1][1] <= calls[0][1] {
 		t.Errorf("progress calls %v", calls)
 	}
+}
+
+// explain is the plan PostgreSQL makes for sql with args, one line per node.
+func explain(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), "EXPLAIN "+sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
 }

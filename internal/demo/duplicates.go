@@ -2,16 +2,11 @@ package demo
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
-	"time"
 
 	"github.com/sluice-dev/sluice/internal/broker"
-	"github.com/sluice-dev/sluice/internal/broker/natsbroker"
-	"github.com/sluice-dev/sluice/internal/broker/rabbitbroker"
 	"github.com/sluice-dev/sluice/internal/outbox"
 )
 
@@ -96,25 +91,4 @@ func newPoisonPublisher(b broker.Publisher) outbox.Publisher {
 		return poisonBatchPublisher{poisonPublisher: p, batch: bp}
 	}
 	return p
-}
-
-// deleteNamespace removes what the run declared on a broker it does not
-// own: RabbitMQ's exchange and the consumer's queue, NATS's stream.
-func deleteNamespace(b broker.Broker) error {
-	switch b := b.(type) {
-	case *rabbitbroker.RabbitMQ:
-		return b.DeleteNamespace(consumerName)
-	case *natsbroker.JetStream:
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		return b.DeleteStream(ctx)
-	}
-	return nil
-}
-
-// randomHex is n random bytes in hex, for a run's own names.
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = crand.Read(b) // crypto/rand never fails on the platforms Go supports
-	return hex.EncodeToString(b)
 }

@@ -47,7 +47,7 @@ func TestOtherMethodsAreNotAllowed(t *testing.T) {
 		{http.MethodPost, "/v1/payments/0190f3a2-7c1e-7d4b-9a51-1f2e3d4c5b6a", http.MethodGet},
 		{http.MethodDelete, "/v1/payments/0190f3a2-7c1e-7d4b-9a51-1f2e3d4c5b6a", http.MethodGet},
 	} {
-		req, _ := http.NewRequest(c.method, e.srv.URL+c.path, nil)
+		req := mustRequest(t, c.method, e.srv.URL+c.path)
 		req.Header.Set("Authorization", "Bearer "+e.keyOf(e.merchant))
 		a := e.do(req)
 		if a.status != http.StatusMethodNotAllowed || a.header.Get("Allow") != c.allow || !strings.Contains(string(a.body), `"method_not_allowed"`) {
