@@ -87,7 +87,7 @@ func runPaymentsAPI(ctx context.Context, e env, args []string) error {
 		defer stop()
 	}
 	mux.Handle("/", api)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second}
+	srv := paymentsapi.NewServer(mux)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	wctx, stopWorkers := context.WithCancel(ctx)

@@ -94,7 +94,7 @@ func (d *Demo) startPayments(ctx context.Context) error {
 		ln.Close()
 		return err
 	}
-	p.srv = &http.Server{Handler: api, ReadHeaderTimeout: 5 * time.Second}
+	p.srv = paymentsapi.NewServer(api)
 	d.goRun("payments API", func() error {
 		if err := p.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err

@@ -45,6 +45,17 @@ const insertCallSQL = `
 	INSERT INTO payment_provider_call (operation_id, op, started_at, duration_us, answer, error)
 	SELECT @op, @kind, ` + dbNow + ` - (@us::bigint + @ago::bigint) * interval '1 microsecond', @us, @answer, @error`
 
+// callUnrecorded is a condition for insertCallSQL's WHERE: the call is not
+// in the table yet. A statement whose answer was lost (its connection cut
+// after COMMIT) may have recorded the call already, and the fallbacks that
+// then record it again (settle, recordCall) must not make one charge read
+// as two in the payment's trace, where operators judge whether it was
+// sent. The same kind, answer and duration to the microsecond is the same
+// call: durations come from this host's monotonic clock.
+const callUnrecorded = `NOT EXISTS (SELECT 1 FROM payment_provider_call c
+	WHERE c.operation_id = @op AND c.op = @kind AND c.duration_us = @us
+	  AND c.answer IS NOT DISTINCT FROM @answer AND c.error IS NOT DISTINCT FROM @error)`
+
 // callArgs are insertCallSQL's arguments (op and now included).
 func (s *Service) callArgs(op uuid.UUID, c callRecord) pgx.NamedArgs {
 	var answer, errText *string
@@ -67,7 +78,7 @@ func (s *Service) callArgs(op uuid.UUID, c callRecord) pgx.NamedArgs {
 // call's start is on the database clock (its end, less the measured
 // duration).
 func (s *Service) recordCall(ctx context.Context, op uuid.UUID, c callRecord) {
-	if _, err := s.pool.Exec(context.WithoutCancel(ctx), insertCallSQL, s.callArgs(op, c)); err != nil {
+	if _, err := s.pool.Exec(context.WithoutCancel(ctx), insertCallSQL+` WHERE `+callUnrecorded, s.callArgs(op, c)); err != nil {
 		s.log.Warn("payments: record a provider call", "operation_id", op, "op", c.kind, "err", err)
 	}
 }

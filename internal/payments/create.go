@@ -128,13 +128,22 @@ func (s *Service) create(ctx context.Context, merchantID, key string, req Reques
 		return Response{}, fmt.Errorf("payments: encrypt customer: %w", err)
 	}
 	rec := Record{MerchantID: merchantID, Key: key, RequestHash: hash, Status: StatusProcessing, OperationID: op}
+	// The work belongs to the key from the moment its reserve may commit,
+	// not to the HTTP request: a client that hangs up must not cut it half
+	// way. pgx cancels a statement by closing its connection, and the error
+	// read then says nothing of whether the COMMIT had reached the server: a
+	// reservation could commit with nobody left to call the provider before
+	// the lease ran out (and recovery's inquiry, answered "unknown", could
+	// leave a charge never sent as unknown). So the request runs on its own
+	// clock, the lease (a reserve slower than that is lost anyway), and an
+	// error that is not an answer is checked against the database (adopt).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Lease)
+	defer cancel()
 	for try := 0; try < 4; try++ {
 		p, lease, err := s.reserveFast(ctx, rec, req, sealed)
 		var rej *rejection
 		switch {
 		case err == nil:
-			// From here on the work belongs to the key, not to the HTTP
-			// request: a client that hangs up must not leave it half done.
 			return s.own(context.WithoutCancel(ctx), p, lease)
 		case errors.Is(err, errKeyTaken):
 			other, err := GetRecord(ctx, s.pool, merchantID, key)
@@ -158,11 +167,55 @@ func (s *Service) create(ctx context.Context, merchantID, key string, req Reques
 			}
 			rej = duplicateRejection(live)
 		case !errors.As(err, &rej):
+			if resp, ok, aerr := s.adopt(ctx, op, hash, err); ok {
+				return resp, aerr
+			}
 			return Response{}, err
 		}
 		return s.reject(ctx, rec, rej)
 	}
 	return Response{}, errors.New("payments: the key or the invoice's attempts kept changing")
+}
+
+// adopt finds out whether a reserve that failed without an answer (its
+// connection lost, a timeout) committed all the same. The operation id is
+// this request's own, so a record under it is this request's reservation:
+// still processing under the lease the reserve gave it, it is owned as if
+// the answer had come, and the provider is called now rather than after
+// the lease; finished meanwhile, its answer is this request's. ok is false
+// when nothing committed or the database cannot say: the caller answers
+// with the reserve's error, and recovery takes over at the lease's end if
+// the reserve did commit.
+func (s *Service) adopt(ctx context.Context, op uuid.UUID, hash string, reserveErr error) (resp Response, ok bool, err error) {
+	rec, err := RecordByOperation(ctx, s.pool, op)
+	if err != nil || rec.RequestHash != hash {
+		return Response{}, false, nil
+	}
+	if rec.Status != StatusProcessing {
+		return ownAnswer(s.answerFromRecord(rec, hash)), true, nil
+	}
+	// Only the lease the reserve wrote (created_at + Lease) is this
+	// request's: recovery, taking over once it ended, writes a later one,
+	// and adopting that would make two owners of one charge.
+	if rec.LockedUntil == nil || !rec.LockedUntil.Equal(rec.CreatedAt.Add(s.cfg.Lease.Truncate(time.Microsecond))) {
+		return Response{}, false, nil
+	}
+	p, err := Get(ctx, s.pool, op)
+	if err != nil {
+		return Response{}, false, nil
+	}
+	s.log.Warn("payments: the reserve's answer was lost but it committed; going on with the payment", "operation_id", op, "err", reserveErr)
+	resp, err = s.own(context.WithoutCancel(ctx), p, *rec.LockedUntil)
+	return resp, true, err
+}
+
+// ownAnswer is an answer read from the key's record that is this request's
+// own operation's (finished by recovery while this request's worker
+// stalled, or found after a lost reserve): not a replay of an earlier
+// request's.
+func ownAnswer(r Response) Response {
+	r.Replayed = false
+	return r
 }
 
 // answerFromRecord answers a request whose key belongs to someone else.
@@ -188,7 +241,7 @@ func (s *Service) answerCurrent(ctx context.Context, op uuid.UUID) (Response, er
 	if err != nil {
 		return Response{}, fmt.Errorf("payments: read the record of %s: %w", op, err)
 	}
-	return s.answerFromRecord(rec, ""), nil
+	return ownAnswer(s.answerFromRecord(rec, "")), nil
 }
 
 // reject stores a rejection as the key's final answer, in a transaction of

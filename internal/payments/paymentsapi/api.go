@@ -66,6 +66,13 @@ type api struct {
 	tracer       trace.Tracer // nil: no spans
 }
 
+// NewServer is the HTTP server for the API's handler h: a client gets 5 s
+// to send its headers and 30 s for its whole request, so a body trickled
+// in byte by byte cannot hold a connection and its goroutine for ever.
+func NewServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second}
+}
+
 // New is the HTTP API: POST /v1/payments, GET /v1/payments/:operation_id,
 // GET /healthz (the process runs), GET /readyz (the database answers and its
 // schema is current). Every error is JSON {"code","message"} with a stable code.
@@ -289,6 +296,12 @@ func (a *api) errorHandler(err error, c echo.Context) {
 
 func (a *api) handleCreate(c echo.Context) error {
 	r := c.Request()
+	// One key, once: two header lines (which a proxy may fold into one, or
+	// read the last of) would give the service and whatever sits in front
+	// of it two different keys for one request.
+	if len(r.Header.Values("Idempotency-Key")) > 1 {
+		return writeError(c, 400, payments.CodeInvalidKey, "send one Idempotency-Key header")
+	}
 	key := r.Header.Get("Idempotency-Key")
 	if strings.TrimSpace(key) == "" {
 		return writeError(c, 400, payments.CodeMissingKey, "the Idempotency-Key header is required")

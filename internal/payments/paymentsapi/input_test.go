@@ -3,6 +3,7 @@ package paymentsapi_test
 import (
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -54,6 +55,15 @@ func TestBadInputWritesNothing(t *testing.T) {
 		{"bad email", "m-1", newKey(), strings.Replace(good, "ayse@example.com", "nope", 1), 422, "invalid_customer"},
 		{"bad account", "m-1", newKey(), payBody("i", -3, "1"), 422, "invalid_account_id"},
 		{"oversized", "m-1", newKey(), big, 400, payments.CodeBodyTooLarge},
+		// encoding/json turns invalid UTF-8 into U+FFFD: the payment would
+		// keep and send on a name the client never wrote.
+		{"invalid UTF-8", "m-1", newKey(), strings.Replace(good, "Ayşe", "Ay\xff\xfee", 1), 400, "malformed_json"},
+		// strings.ToUpper("uſd") is "USD": a long s is not an s.
+		{"currency's letters mapped onto ASCII", "m-1", newKey(), strings.Replace(good, `"TRY"`, `"uſd"`, 1), 422, "unsupported_currency"},
+		{"NUL in the email", "m-1", newKey(), strings.Replace(good, "ayse@example.com", `ayse\u0000@example.com`, 1), 422, "invalid_customer"},
+		{"escape in the name", "m-1", newKey(), strings.Replace(good, "Ayşe", `Ay\u001b[31mşe`, 1), 422, "invalid_customer"},
+		{"NUL in the tax id", "m-1", newKey(), strings.Replace(good, "12345678901", `1234\u00005678901`, 1), 422, "invalid_customer"},
+		{"41-digit amount", "m-1", newKey(), payBody("i", 1, strings.Repeat("1", 41)), 422, "invalid_amount"},
 	}
 	for _, c := range cases {
 		a := e.postAs(c.merchant, c.key, c.body)
@@ -119,5 +129,26 @@ func TestPIICanaryNeverLeaksFromTheAPI(t *testing.T) {
 				t.Errorf("%q in clear:\n%s", c, where)
 			}
 		}
+	}
+}
+
+// Two Idempotency-Key header lines are refused, not read as the first:
+// a proxy may fold them into one line or keep the last, and would then see
+// another key than the service for one request.
+func TestTwoIdempotencyKeysAreRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	e.account(1, "5000")
+	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/payments", strings.NewReader(payBody("inv-2keys", 1, "10")))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+e.keyOf("m-1"))
+	req.Header.Add("Idempotency-Key", newKey())
+	req.Header.Add("Idempotency-Key", newKey())
+	a := e.do(req)
+	if a.status != 400 || a.code(t) != payments.CodeInvalidKey {
+		t.Fatalf("two Idempotency-Key headers: %d %s, want 400 %s", a.status, a.body, payments.CodeInvalidKey)
+	}
+	if n := e.count(`SELECT count(*) FROM idempotency_record`) + e.count(`SELECT count(*) FROM payment`); n != 0 {
+		t.Errorf("%d rows written for a request with two keys", n)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/shopspring/decimal"
@@ -53,6 +54,12 @@ type wireRequest struct {
 // one amount); unknown fields, more than two decimals, non-positive or
 // absurd amounts, unsupported currencies and missing fields are refused.
 func ParseRequest(body []byte) (payments.Request, error) {
+	// JSON is UTF-8 (RFC 8259). encoding/json would quietly replace
+	// invalid bytes with U+FFFD, and the payment would then keep, seal
+	// and send on a name the client never wrote.
+	if !utf8.Valid(body) {
+		return payments.Request{}, badRequest("malformed_json", "the body is not valid UTF-8")
+	}
 	if err := exactFields(body); err != nil {
 		return payments.Request{}, err
 	}
@@ -106,7 +113,13 @@ func ParseRequest(body []byte) (payments.Request, error) {
 	if w.Currency == nil || strings.TrimSpace(*w.Currency) == "" {
 		return payments.Request{}, unprocessable("missing_field", "currency is required")
 	}
-	r.Currency = strings.ToUpper(strings.TrimSpace(*w.Currency))
+	// ASCII letters only, then upper case: strings.ToUpper maps some other
+	// letters onto ASCII ("uſd", with a long s, would read as USD).
+	r.Currency = strings.TrimSpace(*w.Currency)
+	if strings.ContainsFunc(r.Currency, func(c rune) bool { return (c < 'A' || c > 'Z') && (c < 'a' || c > 'z') }) {
+		return payments.Request{}, unprocessable("unsupported_currency", "currency must be one of TRY, USD, EUR, GBP")
+	}
+	r.Currency = strings.ToUpper(r.Currency)
 	if !payments.SupportedCurrency(r.Currency) {
 		return payments.Request{}, unprocessable("unsupported_currency", "currency must be one of TRY, USD, EUR, GBP")
 	}
@@ -124,7 +137,7 @@ func ParseRequest(body []byte) (payments.Request, error) {
 	if w.Customer.TaxID != nil {
 		r.Customer.TaxID = strings.TrimSpace(*w.Customer.TaxID)
 	}
-	if utf8.RuneCountInString(r.Customer.Name) > 200 || !utf8.ValidString(r.Customer.Name) {
+	if utf8.RuneCountInString(r.Customer.Name) > 200 {
 		return payments.Request{}, unprocessable("invalid_customer", "customer.name must be at most 200 characters")
 	}
 	if len(r.Customer.Email) > 254 || strings.Count(r.Customer.Email, "@") != 1 || strings.HasPrefix(r.Customer.Email, "@") || strings.HasSuffix(r.Customer.Email, "@") || strings.ContainsAny(r.Customer.Email, " \t\r\n") {
@@ -132,6 +145,14 @@ func ParseRequest(body []byte) (payments.Request, error) {
 	}
 	if len(r.Customer.TaxID) > 32 {
 		return payments.Request{}, unprocessable("invalid_customer", "customer.tax_id must be at most 32 characters")
+	}
+	// Control characters (NUL, escapes, line breaks) are in no one's name,
+	// address or tax number; kept, they would reach the provider, the
+	// console and the exports.
+	for field, v := range map[string]string{"name": r.Customer.Name, "email": r.Customer.Email, "tax_id": r.Customer.TaxID} {
+		if strings.ContainsFunc(v, unicode.IsControl) {
+			return payments.Request{}, unprocessable("invalid_customer", "customer.%s has a control character", field)
+		}
 	}
 	return r, nil
 }
@@ -163,7 +184,7 @@ func scalarString(field string, raw json.RawMessage) (string, error) {
 // payments.MaxAmount.
 func ParseAmount(s string) (decimal.Decimal, error) {
 	if len(s) > 40 {
-		return decimal.Decimal{}, unprocessable("invalid_amount", "amount is not a decimal number")
+		return decimal.Decimal{}, unprocessable("invalid_amount", "amount must be at most 40 characters")
 	}
 	d, err := decimal.NewFromString(s)
 	if err != nil {

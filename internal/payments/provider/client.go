@@ -3,6 +3,7 @@ package provider
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -24,6 +26,8 @@ type Client struct {
 	base    string
 	hc      *http.Client
 	timeout time.Duration
+	// dial opens the connections (a net.Dialer's; tests wrap it).
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // DefaultTimeout is how long one provider call may take when NewClient is
@@ -38,18 +42,32 @@ func NewClient(baseURL string, timeout time.Duration) *Client {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 64
-	// A charge written to a kept-alive connection the provider has just
-	// closed fails after it may have left, so its outcome is unknown (it is
-	// never re-sent: see doCharge). Closing idle connections well before
-	// common servers' keep-alive limits (60–75 s for load balancers and
-	// nginx) makes that race rare; Go's default keeps them 90 s.
-	tr.IdleConnTimeout = 30 * time.Second
+	// A charge written to a kept-alive connection the provider is closing
+	// at that moment may have left before the connection died, so its
+	// outcome is unknown (it is never re-sent: see doCharge). Closing idle
+	// connections before common servers' keep-alive limits (5 s for Node.js
+	// and Apache, 60–75 s for load balancers and nginx) makes that race
+	// rare; Go's default keeps them 90 s. A charge that found the
+	// connection already dead wrote nothing, and is sent again (Charge).
+	tr.IdleConnTimeout = 4 * time.Second
+	// Connections count what they write, so that a failed charge can say
+	// whether any of it left this process (send).
+	c := &Client{base: strings.TrimRight(baseURL, "/"), timeout: timeout,
+		dial: (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext}
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := c.dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &countingConn{Conn: conn}, nil
+	}
 	// A redirect is answered, never followed: followed, a charge's POST
 	// answered 303 became a GET elsewhere whose 200 would be read as the
 	// charge's outcome. Unfollowed, it is an answer that is not the
 	// provider's protocol: the outcome is unknown.
 	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	return &Client{base: strings.TrimRight(baseURL, "/"), hc: &http.Client{Transport: tr, CheckRedirect: noRedirect}, timeout: timeout}
+	c.hc = &http.Client{Transport: tr, CheckRedirect: noRedirect}
+	return c
 }
 
 type wireCharge struct {
@@ -61,11 +79,49 @@ type wireCharge struct {
 	DeclineCode string `json:"decline_code,omitempty"`
 }
 
+// countingConn counts the bytes written to a connection.
+type countingConn struct {
+	net.Conn
+	written atomic.Int64
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.written.Add(int64(n))
+	return n, err
+}
+
+// counted is the countingConn under conn (nil when conn is not one: the
+// caller cannot tell what was written).
+func counted(conn net.Conn) *countingConn {
+	if t, ok := conn.(*tls.Conn); ok {
+		conn = t.NetConn()
+	}
+	cc, _ := conn.(*countingConn)
+	return cc
+}
+
+// errNothingWritten: the charge failed before any byte of it was written
+// to the connection it held (a kept-alive connection the provider had
+// closed), so the provider cannot have received it.
+var errNothingWritten = errors.New("nothing of the request was written")
+
 // Charge implements Provider.
 func (c *Client) Charge(ctx context.Context, req ChargeRequest) (Result, error) {
-	body, _ := json.Marshal(wireCharge{OperationID: req.OperationID.String(), Amount: req.Amount.StringFixed(2), Currency: req.Currency})
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
+	res, err := c.charge(ctx, req)
+	if errors.Is(err, errNothingWritten) && ctx.Err() == nil {
+		// It never left: sending it again is the first send. Once, on a
+		// fresh connection (the dead one is out of the pool): a second
+		// failure is reported as it is.
+		res, err = c.charge(ctx, req)
+	}
+	return res, err
+}
+
+func (c *Client) charge(ctx context.Context, req ChargeRequest) (Result, error) {
+	body, _ := json.Marshal(wireCharge{OperationID: req.OperationID.String(), Amount: req.Amount.StringFixed(2), Currency: req.Currency})
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/charges", bytes.NewReader(body))
 	if err != nil {
 		return Result{}, fmt.Errorf("%w: %v", ErrNotProcessed, err)
@@ -127,9 +183,40 @@ func (c *Client) send(hreq *http.Request, charge bool) (Result, error) {
 	// ever send it twice: a refused dial or a 503 of a second attempt says
 	// nothing about the first.
 	var conns atomic.Int32
+	// What each held connection had written when the request got it: a
+	// request whose connections all wrote nothing since never left.
+	var (
+		mu    sync.Mutex
+		held  []*countingConn
+		start []int64
+		blind bool // a connection that does not count: assume it wrote
+	)
 	hreq = hreq.WithContext(httptrace.WithClientTrace(hreq.Context(), &httptrace.ClientTrace{
-		GotConn: func(httptrace.GotConnInfo) { conns.Add(1) },
+		GotConn: func(info httptrace.GotConnInfo) {
+			conns.Add(1)
+			mu.Lock()
+			defer mu.Unlock()
+			cc := counted(info.Conn)
+			if cc == nil {
+				blind = true
+				return
+			}
+			held, start = append(held, cc), append(start, cc.written.Load())
+		},
 	}))
+	nothingWritten := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if blind || len(held) == 0 {
+			return false
+		}
+		for i, cc := range held {
+			if cc.written.Load() != start[i] {
+				return false
+			}
+		}
+		return true
+	}
 	resp, err := c.hc.Do(hreq)
 	if err != nil {
 		// A failed dial (refused, reset while connecting) with no attempt
@@ -138,6 +225,13 @@ func (c *Client) send(hreq *http.Request, charge bool) (Result, error) {
 		var opErr *net.OpError
 		if conns.Load() == 0 && (errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &opErr) && opErr.Op == "dial")) {
 			return Result{}, fmt.Errorf("%w: %v", ErrNotProcessed, err)
+		}
+		// Neither did a request that held connections and wrote nothing on
+		// them: net/http reports a kept-alive connection the provider had
+		// closed ("server closed idle connection") the same way whether or
+		// not the request went out on it, and only the first is unknown.
+		if nothingWritten() {
+			return Result{}, fmt.Errorf("%w: %w: %v", ErrNotProcessed, errNothingWritten, err)
 		}
 		return Result{}, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
 	}
