@@ -47,6 +47,18 @@
       d.target.dataset.liveUnchanged = have; // what was left out, for whoever looks
     }
   });
+  // A form marked data-swap-errors shows the server's refusal in its
+  // target as it shows a success: htmx leaves error answers out of the
+  // page, and a refused reveal (no reason, too many a minute, a form from
+  // an earlier sign-in) looked like nothing happened, or like the value
+  // revealed before, which stayed on screen.
+  document.body.addEventListener("htmx:beforeSwap", function (e) {
+    var d = e.detail, status = d.xhr ? d.xhr.status : 0;
+    if (status >= 400 && d.elt && d.elt.closest && d.elt.closest("[data-swap-errors]")) {
+      d.shouldSwap = true;
+      d.isError = false;
+    }
+  });
   function lastUpdate() {
     var u = document.getElementById("updated");
     return u ? u.textContent.trim().replace(/^as of /, "") : "earlier";
