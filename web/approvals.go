@@ -121,6 +121,9 @@ func (a *App) decideApproval(approve bool) echo.HandlerFunc {
 		case errors.Is(err, payments.ErrNotPending), errors.Is(err, payments.ErrNotUnknown):
 			a.auditAttempt(ctx, ev, "conflict", nil)
 			msg := "Someone else decided this request first. Nothing was changed."
+			if cur, gerr := payments.GetApproval(ctx, a.pool, id); gerr == nil && cur.DecidedBy == staffID(sess) {
+				msg = "You decided this request already (" + cur.State + "). This second submission was not applied; nothing was changed."
+			}
 			if errors.Is(err, payments.ErrNotUnknown) {
 				msg = "The payment is not unknown any more (resolved by an inquiry, a settlement file or another operator). Nothing was changed; reject this request."
 			}

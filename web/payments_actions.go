@@ -207,6 +207,12 @@ func (a *App) resolvePayment(c echo.Context) error {
 		}
 		a.auditAttempt(ctx, ev, "conflict", statusJSON("status", string(cur.Status)))
 		msg := "Someone else acted first: the payment is " + string(cur.Status) + " now. Your resolution was not applied; nothing was changed."
+		if mine := "operator:" + staffID(sess); cur.ResolvedBy == mine || strings.HasPrefix(cur.ResolvedBy, mine+" approved by ") {
+			// The same form sent twice (back and submit, a second tab): the
+			// first one did it, and "someone else" would send the operator
+			// looking for a colleague.
+			msg = "You resolved this payment already: it is " + string(cur.Status) + " now. This second submission was not applied; nothing was changed."
+		}
 		if errors.Is(err, payments.ErrApprovalPending) {
 			msg = "A resolution of this payment already waits for approval; nothing was changed. Decide that request on the Approvals page first."
 		}

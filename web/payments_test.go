@@ -68,6 +68,32 @@ func resolveForm(token, outcome string) url.Values {
 		"reason": {"provider support confirmed by phone"}, "evidence": {"ticket PRV-1234"}}
 }
 
+// A resolve sent twice (back and submit, a second tab) tells the operator
+// the first one did it; another operator's is "someone else".
+func TestASecondResolveSaysWhoActedFirst(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "20.00"})
+	oncall, oncallToken := h.signedIn(t, "oncall")
+	admin, adminToken := h.signedIn(t, "admin")
+	if resp, _ := h.postForm(t, oncall, "/payments/"+op.String()+"/resolve", resolveForm(oncallToken, "succeeded")); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("resolve: %d", resp.StatusCode)
+	}
+	for _, c := range []struct {
+		who   *browser
+		token string
+		want  string
+	}{
+		{oncall, oncallToken, "You resolved this payment already: it is completed now."},
+		{admin, adminToken, "Someone else acted first: the payment is completed now."},
+	} {
+		resp, body := h.postForm(t, c.who, "/payments/"+op.String()+"/resolve", resolveForm(c.token, "failed"))
+		if resp.StatusCode != http.StatusConflict || !strings.Contains(body, c.want) {
+			t.Errorf("second resolve: %d, want 409 saying %q", resp.StatusCode, c.want)
+		}
+	}
+}
+
 // Fifty operators resolve one unknown payment at once: one transition, one
 // reservation change, one ledger debit, one payment.completed event, one ok
 // audit row; the other forty-nine get 409 and are audited as conflicts.
@@ -241,10 +267,13 @@ func TestFourEyesAboveThreshold(t *testing.T) {
 	if got := strings.Join(strings.Fields(doc(t, page).Find(`[data-testid="resolved-by"]`).Text()), " "); !strings.HasPrefix(got, "operator oncall, approved by admin") {
 		t.Fatalf("resolved by %q, want the two operators' names", got)
 	}
-	// Approving again: decided already.
-	resp, _ = h.postForm(t, admin, fmt.Sprintf("/approvals/%d/approve", id), url.Values{"csrf_token": {adminToken}})
+	// Approving again: decided already, by the same operator, who is told so.
+	resp, body := h.postForm(t, admin, fmt.Sprintf("/approvals/%d/approve", id), url.Values{"csrf_token": {adminToken}})
 	if resp.StatusCode != http.StatusConflict {
 		t.Fatalf("second approval: %d, want 409", resp.StatusCode)
+	}
+	if !strings.Contains(body, "You decided this request already (approved)") {
+		t.Errorf("the second approval by the same operator does not say they decided it: %s", body)
 	}
 
 	// Rejection leaves the payment unknown.
