@@ -216,3 +216,43 @@ func sparkLabel(s Spark) string {
 	}
 	return l
 }
+
+// CallProblem says in words why a provider call got no answer, from the
+// error the service recorded (payment_provider_call.error). The recorded
+// text is the Go client's ("provider: outcome unknown: Post
+// "http://…/v1/charges": context deadline exceeded"): the page shows what
+// it means and keeps the text itself in the title, for whoever debugs.
+func CallProblem(err string) string {
+	has := func(s ...string) bool {
+		for _, x := range s {
+			if strings.Contains(err, x) {
+				return true
+			}
+		}
+		return false
+	}
+	sent := "sent: outcome unknown"
+	if strings.HasPrefix(err, "provider: request not processed") {
+		sent = "not processed"
+	}
+	switch {
+	case has("nothing of the request was written"):
+		return "the connection was dead before the request was sent: not processed"
+	case has("deadline exceeded", "Client.Timeout", "i/o timeout"):
+		return "timed out waiting for the answer (PROVIDER_TIMEOUT): " + sent
+	case has("connection refused"):
+		return "connection refused: the provider was not listening: not processed"
+	case has("(503)"):
+		return "provider unavailable (503): " + sent
+	case has("provider answered "):
+		code, _, _ := strings.Cut(err[strings.Index(err, "provider answered ")+len("provider answered "):], " ")
+		return "answered HTTP " + code + ", not the provider's protocol: " + sent
+	case has("connection reset", "EOF", "broken pipe", "server closed"):
+		return "the connection was cut before the answer: " + sent
+	case has("undecodable answer", "status \"", "not the provider's own answer"):
+		return "an answer that is not the provider's protocol: " + sent
+	case has("charge answered"):
+		return "the provider did not know the outcome: " + sent
+	}
+	return "no usable answer: " + sent
+}

@@ -154,3 +154,27 @@ func TestConsumerProblemWords(t *testing.T) {
 		}
 	}
 }
+
+// A provider call's recorded error reads as what it means, with whether
+// the charge may have been processed; the Go client's text (a URL, "context
+// deadline exceeded") stays out of the sentence.
+func TestCallProblemSaysWhatTheErrorMeans(t *testing.T) {
+	for _, c := range []struct{ err, want string }{
+		{`provider: outcome unknown: Post "http://127.0.0.1:18182/v1/charges": context deadline exceeded`, "timed out waiting for the answer (PROVIDER_TIMEOUT): sent: outcome unknown"},
+		{`provider: request not processed: Post "http://x/v1/charges": dial tcp 127.0.0.1:1: connect: connection refused`, "connection refused: the provider was not listening: not processed"},
+		{`provider: request not processed: provider unavailable (503)`, "provider unavailable (503): not processed"},
+		{`provider: outcome unknown: provider answered 502`, "answered HTTP 502, not the provider's protocol: sent: outcome unknown"},
+		{`provider: outcome unknown: Post "http://x/v1/charges": unexpected EOF`, "the connection was cut before the answer: sent: outcome unknown"},
+		{`provider: request not processed: nothing of the request was written: Post "http://x": broken pipe`, "the connection was dead before the request was sent: not processed"},
+		{`provider: outcome unknown: charge answered "unknown"`, "the provider did not know the outcome: sent: outcome unknown"},
+		{`something new`, "no usable answer: sent: outcome unknown"},
+	} {
+		got := CallProblem(c.err)
+		if got != c.want {
+			t.Errorf("%s: %q, want %q", c.err, got, c.want)
+		}
+		if strings.Contains(got, "http") || strings.Contains(got, "deadline") {
+			t.Errorf("%q carries the client's text", got)
+		}
+	}
+}

@@ -150,7 +150,7 @@ func (a *App) tracePayment(ctx context.Context, b *traceBuilder, op uuid.UUID, o
 	for _, call := range calls {
 		answer := "answered " + call.Answer
 		if call.Answer == "" {
-			answer = "no answer: " + call.Error
+			answer = "no answer: " + views.CallProblem(call.Error)
 		}
 		b.add(call.StartedAt, "provider", "Provider "+call.Op, fmt.Sprintf("%s · took %d ms", answer, call.Duration.Milliseconds()), payURL, "Payment")
 	}
