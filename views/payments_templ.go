@@ -2097,7 +2097,7 @@ func paymentActions(p Page, d PaymentData) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 194, "\"> <input type=\"hidden\" name=\"expected\" value=\"unknown\"><fieldset><legend>Outcome</legend> <label><input type=\"radio\" name=\"outcome\" value=\"succeeded\" required data-testid=\"outcome-succeeded\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 194, "\"> <input type=\"hidden\" name=\"expected\" value=\"unknown\"><fieldset class=\"choices\" data-testid=\"outcome-choices\"><legend>Outcome</legend> <label><input type=\"radio\" name=\"outcome\" value=\"succeeded\" required data-testid=\"outcome-succeeded\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}

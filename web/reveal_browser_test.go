@@ -60,3 +60,32 @@ func TestBrowserARefusedRevealSaysWhy(t *testing.T) {
 		t.Logf("browser console: %q", p) // the refused request's 403 is logged by the browser itself
 	}
 }
+
+// The resolve form's outcomes read one per line, at a desktop's width and
+// a phone's: side by side, "…finalize and debit) ○ failed (…" read as one
+// sentence on a form that moves money.
+func TestBrowserResolveOutcomesReadOnePerLine(t *testing.T) {
+	h := start(t, options{})
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "20.00"})
+	ctx, _ := newChrome(t)
+	tctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	browserLogin(tctx, t, h, "oncall")
+	for _, width := range []int64{1280, 400} {
+		if err := chromedp.Do(tctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(h.base+"/payments/"+op.String()),
+			chromedp.WaitVisible(chromedp.CSS(`[data-testid="outcome-choices"]`))); err != nil {
+			t.Fatal(err)
+		}
+		apart, err := chromedp.Run(tctx, chromedp.Evaluate[bool](`(function(){
+			var s = document.querySelector('[data-testid="outcome-succeeded"]').closest('label').getBoundingClientRect();
+			var f = document.querySelector('[data-testid="outcome-failed"]').closest('label').getBoundingClientRect();
+			return f.top >= s.bottom - 1 && Math.abs(f.left - s.left) < 2;
+		})()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !apart {
+			t.Errorf("at %d px the two outcomes share a line", width)
+		}
+	}
+}
