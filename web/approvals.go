@@ -33,7 +33,11 @@ func (a *App) approvalsPage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	d := views.ApprovalsData{Pending: rows, Me: staffID(auth.SessionFrom(c)), Notice: approvalDone[c.QueryParam("done")]}
+	sess := auth.SessionFrom(c)
+	d := views.ApprovalsData{Pending: rows, Me: staffID(sess), Notice: approvalDone[c.QueryParam("done")]}
+	if a.loginTooOld(sess) {
+		d.ReauthURL = paymentReauthURL("/approvals")
+	}
 	// The list's own key, read off the rows (one snapshot), as the feed's
 	// payments.PendingRead defines it: only when the list holds every
 	// pending request.

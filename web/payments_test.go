@@ -440,7 +440,16 @@ func TestApproveNeedsRecentLogin(t *testing.T) {
 	if err := h.pool.QueryRow(context.Background(), `SELECT id FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
+	_, page := admin.get(t, h.base+"/approvals", "text/html")
+	if doc(t, page).Find(`[data-testid="reauth"]`).Length() != 0 {
+		t.Error("the approvals page asks a fresh sign-in to sign in again")
+	}
 	offset.Store(int64(2 * time.Minute))
+	// The page says so before an Approve is lost to the sign-in round trip.
+	_, page = admin.get(t, h.base+"/approvals", "text/html")
+	if got := doc(t, page).Find(`[data-testid="reauth-link"]`).AttrOr("href", ""); got != "/login?reauth=1&next="+url.QueryEscape("/approvals") {
+		t.Errorf("the approvals page's sign-in link with a stale sign-in: %q", got)
+	}
 	resp, _ := h.postForm(t, admin, fmt.Sprintf("/approvals/%d/approve", id), url.Values{"csrf_token": {adminToken}})
 	if want := "/login?reauth=1&next=" + url.QueryEscape("/approvals"); resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != want {
 		t.Fatalf("approve with a stale sign-in: %d %q, want 303 %q", resp.StatusCode, resp.Header.Get("Location"), want)
