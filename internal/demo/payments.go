@@ -140,9 +140,13 @@ func (p *paymentsPart) status(ctx context.Context) (string, error) {
 	if h.Unknown > 0 {
 		age = h.ReconcileAge.Round(time.Second).String()
 	}
+	// The workload's clients' answers, named as such: the payments list
+	// counts payment records, which include payments whose client gave up
+	// before the answer and payments resolved later (unknown → completed),
+	// so "completed" here and there were two numbers under one name.
 	// Same-key retries are answered from the stored result (replays);
 	// new-key retries for a paid invoice are refused by the business identity.
-	return fmt.Sprintf("payments: completed %d, declined %d, unknown now %d (oldest %s), client timeouts %d → same-key retries %d (replayed %d), new-key duplicates refused %d",
+	return fmt.Sprintf("payments: clients were answered completed %d, declined %d; unknown now %d (oldest %s); client timeouts %d → same-key retries %d (replayed %d), new-key duplicates refused %d",
 		w.Completed, w.Declined, h.Unknown, age, w.Timeouts, w.Retries, w.Replays, w.DuplicateInvoice), nil
 }
 
