@@ -24,6 +24,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/payments"
 	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 	"github.com/sluice-dev/sluice/internal/payments/provider"
+	"github.com/sluice-dev/sluice/internal/testkit"
 	"github.com/sluice-dev/sluice/web"
 )
 
@@ -990,4 +991,26 @@ func TestSettlementAboveTheThresholdWaitsForASecondOperator(t *testing.T) {
 	}
 	paymentstest.CheckBooks(t, h.pool, acc)
 	paymentstest.CheckBooks(t, h.pool, accBig)
+}
+
+// A four-eyes request waits for a second operator, who learns of it on the
+// dashboard and in /metrics, not only by opening the Approvals page: both
+// read the one snapshot.
+func TestWaitingApprovalsShowOnTheDashboardAndInMetrics(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{tick: 50 * time.Millisecond, configure: func(c *web.Config) { c.FourEyesAbove = decimal.RequireFromString("100.00") }})
+	oncall, token := h.signedIn(t, "oncall")
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "500.00"})
+	if resp, _ := h.postForm(t, oncall, "/payments/"+op.String()+"/resolve", resolveForm(token, "succeeded")); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("request: %d", resp.StatusCode)
+	}
+	viewer, _ := h.signedIn(t, "support")
+	testkit.Eventually(t, "the gauge", func() (bool, error) {
+		_, body := viewer.get(t, h.base+"/metrics", "")
+		return strings.Contains(body, "\nsluice_payments_approvals_pending 1\n"), nil
+	})
+	_, page := viewer.get(t, h.base+"/", "text/html")
+	if got := strings.TrimSpace(doc(t, page).Find(`[data-testid="approvals-waiting"]`).Text()); got != "1" {
+		t.Errorf("the dashboard's Approvals waiting reads %q, want 1", got)
+	}
 }

@@ -21,6 +21,7 @@ type collector struct {
 	seen map[string]bool
 
 	backlog, oldest, dead, held, unknown, reconcile, stuck, discrepancies, clients *prometheus.Desc
+	approvals                                                                      *prometheus.Desc
 	jobs, paused, heldPartial, relays, relaysDisagree                              *prometheus.Desc
 	consumerProcesses, consumerProblems, relaysFailing                             *prometheus.Desc
 }
@@ -44,6 +45,8 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 		clients:   prometheus.NewDesc("sluice_ws_clients", "Connected dashboard websockets.", nil, nil),
 		discrepancies: prometheus.NewDesc("sluice_payments_discrepancies",
 			"Open payment discrepancies: provider evidence contradicts our record.", nil, nil),
+		approvals: prometheus.NewDesc("sluice_payments_approvals_pending",
+			"Four-eyes resolutions of unknown payments waiting for a second operator.", nil, nil),
 		jobs: prometheus.NewDesc("sluice_console_bulk_jobs",
 			"Unfinished bulk jobs by state (pending: waiting for a runner; running: claimed).", []string{"state"}, nil),
 		relays: prometheus.NewDesc("sluice_outbox_relays",
@@ -65,7 +68,7 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.clients, c.jobs, c.paused, c.heldPartial, c.relays, c.relaysDisagree, c.relaysFailing, c.consumerProcesses, c.consumerProblems} {
+	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.approvals, c.clients, c.jobs, c.paused, c.heldPartial, c.relays, c.relaysDisagree, c.relaysFailing, c.consumerProcesses, c.consumerProblems} {
 		ch <- d
 	}
 }
@@ -100,6 +103,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.reconcile, prometheus.GaugeValue, s.ReconcileAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.stuck, prometheus.GaugeValue, float64(s.StuckProcessing))
 	ch <- prometheus.MustNewConstMetric(c.discrepancies, prometheus.GaugeValue, float64(s.Discrepancies))
+	ch <- prometheus.MustNewConstMetric(c.approvals, prometheus.GaugeValue, float64(s.Approvals.Pending))
 	// Only the unfinished states: the snapshot reads unfinished jobs through
 	// their partial index; finished ones are history, not a current level.
 	var pending, running int
