@@ -543,5 +543,12 @@ func requestMeta(c echo.Context) auth.RequestMeta {
 		}
 		ua = ua[:n]
 	}
-	return auth.RequestMeta{IP: c.RealIP(), UserAgent: ua, RequestID: requestIDOf(c)}
+	// Escaped: ASCII whatever the client sent (a NUL or invalid UTF-8
+	// would make the audit row's jsonb refuse it, and the refusal go
+	// unrecorded).
+	path := c.Request().URL.EscapedPath()
+	if len(path) > auth.MaxMetaPath {
+		path = path[:auth.MaxMetaPath]
+	}
+	return auth.RequestMeta{IP: c.RealIP(), UserAgent: ua, RequestID: requestIDOf(c), Path: path}
 }

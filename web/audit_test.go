@@ -173,6 +173,11 @@ func TestAuditAccessByRole(t *testing.T) {
 				t.Errorf("%s %s: the denial is not audited", user, route)
 			}
 		}
+		// The row names the object as well as the route's template.
+		if n := h.countAudit(t, `action = 'request.denied' AND actor_name = $1 AND target_id = 'GET /audit/:seq' AND after->>'path' = $2`, user,
+			"/audit/"+strconv.FormatInt(seq, 10)); n != 1 {
+			t.Errorf("%s: %d refusals of GET /audit/%d name its path, want 1", user, n, seq)
+		}
 	}
 	if n := h.countAudit(t, `action = 'audit.export'`); n != 0 {
 		t.Errorf("a refused export was recorded as an export (%d rows)", n)

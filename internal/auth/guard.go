@@ -2,6 +2,7 @@ package auth
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -291,6 +292,11 @@ func RecordDenied(ctx context.Context, pool *pgxpool.Pool, sess *Session, meta R
 	if sess != nil {
 		ev.ActorIss, ev.ActorSub, ev.ActorName, ev.ActorRoles = sess.Issuer, sess.Subject, sess.Name, sess.RoleNames()
 		ev.SessionHash = sess.HashHex()
+	}
+	if meta.Path != "" {
+		if b, err := json.Marshal(map[string]string{"path": meta.Path}); err == nil {
+			ev.After = b
+		}
 	}
 	// A cancelled request (the client went away) still leaves its trace.
 	actx := context.WithoutCancel(ctx)

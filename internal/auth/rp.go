@@ -203,7 +203,15 @@ type RequestMeta struct {
 	IP        string
 	UserAgent string
 	RequestID string
+	// Path is the request's path (no query: searches carry customers'
+	// data there), cut to maxMetaPath bytes: a refusal's audit row names
+	// the object (/approvals/12/approve), where its route template
+	// (/approvals/:id/approve) names only the kind.
+	Path string
 }
+
+// MaxMetaPath bounds RequestMeta.Path.
+const MaxMetaPath = 256
 
 // Callback is what the provider sent back, plus the browser's cookies.
 type Callback struct {
