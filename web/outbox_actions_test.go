@@ -231,6 +231,11 @@ func TestStaleActionIsAConflictShowingTheCurrentState(t *testing.T) {
 	if d.Find(`[data-testid="published-at"]`).Length() != 1 {
 		t.Error("the current timeline is missing")
 	}
+	// A published event has reached its end: no notice of the outbox's
+	// figures, which its page does not show.
+	if d.Find(`[ws-connect]`).Length() != 0 {
+		t.Error("a published event's page follows the outbox's live notice")
+	}
 	var deadReason *string
 	if err := h.pool.QueryRow(context.Background(), `SELECT dead_reason FROM outbox_event WHERE id = $1`, id).Scan(&deadReason); err != nil || deadReason != nil {
 		t.Fatalf("something changed: dead_reason %v (%v)", deadReason, err)

@@ -68,7 +68,15 @@ func (a *App) eventData(ctx context.Context, c echo.Context, id uuid.UUID) (view
 		return views.EventData{}, err
 	}
 	d := views.EventData{E: e, Audit: entries, Bulk: refs, CanAct: canAct(c), CanAudit: a.links.Audit && may(c, auth.PermAudit), SeeAudit: may(c, auth.PermAudit),
-		Live: watchURL(mark, e.Status == outbox.StatusPending), MaskedPayload: pii.MaskPayload(e.EventType, e.Payload), MaskedHeaders: pii.MaskHeaders(e.Headers)}
+		MaskedPayload: pii.MaskPayload(e.EventType, e.Payload), MaskedHeaders: pii.MaskHeaders(e.Headers)}
+	// The outbox's notice concerns a pending or dead event (the backlog or
+	// the dead letters it is part of may move under it). A published or
+	// discarded one has reached its end: the notice read "reload to see
+	// it" for figures its page does not show, within seconds of every
+	// load on a busy outbox.
+	if e.Status == outbox.StatusPending || e.Status == outbox.StatusDead {
+		d.Live = watchURL(mark, e.Status == outbox.StatusPending)
+	}
 	if a.links.Trace {
 		d.Trace = traceURL(traceKindEvent, e.ID.String())
 	}
