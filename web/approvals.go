@@ -3,8 +3,11 @@ package web
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
@@ -51,6 +54,18 @@ func (a *App) approvalsPage(c echo.Context) error {
 	return render(c, http.StatusOK, views.ApprovalsPage(a.page(c, "Approvals", "/approvals"), d))
 }
 
+// approvalsProblem answers a decision the form got wrong with the list and
+// what to fix.
+func (a *App) approvalsProblem(c echo.Context, status int, problem string) error {
+	rows, err := payments.PendingApprovals(c.Request().Context(), a.pool, approvalsListLimit)
+	if err != nil {
+		return err
+	}
+	p := a.page(c, "Approvals", "/approvals")
+	p.URL = "/approvals"
+	return render(c, status, views.ApprovalsPage(p, views.ApprovalsData{Pending: rows, Me: staffID(auth.SessionFrom(c)), Problem: problem}))
+}
+
 // decideApproval is POST /approvals/{id}/approve or /reject: compare-and-set
 // on the pending request, never by its requester (403, audited as denied).
 // An approval needs a recent sign-in and resolves the payment in the same
@@ -78,10 +93,19 @@ func (a *App) decideApproval(approve bool) echo.HandlerFunc {
 		}
 		ev := a.actorEvent(c, sess, action, auditTargetPayment, req.OperationID.String())
 		if approve {
-			// An approval adopts the request's reason and evidence; a
-			// rejection gives none of its own, and the requester's reason
-			// on its row read as the rejecter's.
+			// An approval adopts the request's reason and evidence.
 			ev.Reason, ev.Evidence = req.Reason, req.Evidence
+		} else {
+			// A rejection gives its own: the auditor reads why the money
+			// did not move, and the requester's reason on its row read as
+			// the rejecter's.
+			ev.Reason = strings.TrimSpace(c.FormValue("reason"))
+			switch {
+			case ev.Reason == "":
+				return a.approvalsProblem(c, http.StatusUnprocessableEntity, "Say why you reject the request: a rejection needs a reason, and it is kept in the audit trail. Nothing was changed.")
+			case utf8.RuneCountInString(ev.Reason) > maxReason || !utf8.ValidString(ev.Reason):
+				return a.approvalsProblem(c, http.StatusUnprocessableEntity, fmt.Sprintf("The reason is longer than %d characters. Nothing was changed.", maxReason))
+			}
 		}
 		decided := done
 		err = db.WithTx(ctx, a.pool, func(tx pgx.Tx) error {

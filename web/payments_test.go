@@ -286,14 +286,19 @@ func TestFourEyesAboveThreshold(t *testing.T) {
 	if err := h.pool.QueryRow(context.Background(), `SELECT id FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op2).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	resp, _ = h.postForm(t, oncall, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {oncallToken}})
+	// A rejection says why (the auditor reads why the money did not move).
+	resp, body = h.postForm(t, oncall, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {oncallToken}, "reason": {"  "}})
+	if resp.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(doc(t, body).Find(`[data-testid="problem"]`).Text(), "needs a reason") {
+		t.Fatalf("reject without a reason: %d, want 422 saying a reason is needed", resp.StatusCode)
+	}
+	resp, _ = h.postForm(t, oncall, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {oncallToken}, "reason": {"bank statement shows no debit"}})
 	if resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("reject: %d", resp.StatusCode)
 	}
 	if e := h.effectsOf(t, op2); e.status != "unknown" || e.reservation != "active" || e.ledger != 0 || e.failed != 0 {
 		t.Fatalf("after the rejection: %+v", e)
 	}
-	if n := h.countAudit(t, `action = 'payments.reject' AND outcome = 'ok' AND target_id = $1`, op2.String()); n != 1 {
+	if n := h.countAudit(t, `action = 'payments.reject' AND outcome = 'ok' AND target_id = $1 AND reason = 'bank statement shows no debit'`, op2.String()); n != 1 {
 		t.Errorf("%d reject audit rows, want 1", n)
 	}
 }
@@ -333,7 +338,7 @@ func TestStaleFourEyesRequestIsMarked(t *testing.T) {
 	if err := h.pool.QueryRow(context.Background(), `SELECT id FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, op).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	resp, _ := h.postForm(t, admin, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {adminToken}})
+	resp, _ := h.postForm(t, admin, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {adminToken}, "reason": {"settled by the provider's file"}})
 	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/approvals?done=closed" {
 		t.Fatalf("reject: %d %q, want 303 to the list saying the request was closed", resp.StatusCode, resp.Header.Get("Location"))
 	}
@@ -341,11 +346,11 @@ func TestStaleFourEyesRequestIsMarked(t *testing.T) {
 		t.Fatalf("the rejection moved the payment: %+v", e)
 	}
 	// Its audit row names the payment as it was (failed), not the unknown
-	// a rejection of a live request leaves, and no reason the rejecter did
-	// not give.
+	// a rejection of a live request leaves, and the rejecter's reason, not
+	// the requester's.
 	if n := h.countAudit(t, `action = 'payments.reject' AND outcome = 'ok' AND target_id = $1 AND before->>'status' = 'failed'
-		AND after->>'status' = 'failed' AND reason = ''`, op.String()); n != 1 {
-		t.Errorf("%d reject rows with the payment's real status and no borrowed reason, want 1", n)
+		AND after->>'status' = 'failed' AND reason = 'settled by the provider''s file'`, op.String()); n != 1 {
+		t.Errorf("%d reject rows with the payment's real status and the rejecter's reason, want 1", n)
 	}
 	_, list = admin.get(t, h.base+"/approvals?done=closed", "text/html")
 	if got := doc(t, list).Find(`[data-testid="notice"]`).Text(); !strings.Contains(got, "settled another way") {
@@ -461,7 +466,7 @@ func TestApproveNeedsRecentLogin(t *testing.T) {
 	if n := h.countAudit(t, `action = 'request.denied' AND (reason = 'reauth' OR error_code = 'reauth')`); n != 1 {
 		t.Errorf("%d audited refusals, want 1", n)
 	}
-	if resp, _ := h.postForm(t, admin, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {adminToken}}); resp.StatusCode != http.StatusSeeOther {
+	if resp, _ := h.postForm(t, admin, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {adminToken}, "reason": {"wrong outcome"}}); resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("reject with a stale sign-in: %d, want 303 to the list", resp.StatusCode)
 	}
 }
