@@ -347,7 +347,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		Outbox: a.serves("/outbox"), OutboxEvent: a.serves("/outbox/x"), Payment: a.serves("/payments/x"),
 		Payments: a.serves("/payments"), Inbox: a.serves("/inbox"), Audit: a.serves("/audit"),
 		Jobs: a.serves("/jobs"), Approvals: a.serves("/approvals"), Trace: a.serves("/trace/event/x"),
-		Relays: a.serves("/relays"),
+		Relays: a.serves("/relays"), Discrepancies: a.serves("/payments/discrepancies"),
 	}
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(a.crossOriginDenied))

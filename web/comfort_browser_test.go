@@ -134,6 +134,7 @@ func comfortHarness(t *testing.T) (*harness, comfortSeed) {
 	account := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 7, Balance: "1000"})
 	s.op = paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: account, Merchant: "m1", Invoice: "inv-1", Amount: "250.00", Age: 3 * time.Minute}).String()
 	s.seqs = record(t, h, audit.Event{ActorSub: "sub-carol", ActorName: "Carol", Action: "outbox.retry", TargetType: "outbox_event", TargetID: s.dead, Reason: "consumer back"})
+	h.discrepancy(t) // the discrepancies list's table
 	// The relays page's three states: running, paused (flagged) and silent (flagged).
 	if _, err := h.pool.Exec(context.Background(), `
 		INSERT INTO outbox_relay (id, name, host, pid, started_at, seen_at, expires_at, unavailable_since, shards, ordered)
@@ -169,7 +170,8 @@ func TestBrowserThemesKeepTextReadable(t *testing.T) {
 	defer cancel()
 	browserLogin(tctx, t, h, "admin")
 	pages := []string{"/", "/outbox", "/outbox?status=dead", "/outbox/" + s.dead, "/payments", "/payments/" + s.op,
-		"/inbox", "/relays", "/audit", "/audit/" + strconv.FormatInt(s.seqs[0], 10), "/jobs", "/outbox/bulk", "/approvals", "/no-such-page"}
+		"/inbox", "/relays", "/audit", "/audit/" + strconv.FormatInt(s.seqs[0], 10), "/jobs", "/outbox/bulk", "/approvals",
+		"/payments/discrepancies", "/no-such-page"}
 	for _, scheme := range []string{"dark", "light"} {
 		if err := chromedp.Do(tctx, colorScheme(scheme)); err != nil {
 			t.Fatal(err)

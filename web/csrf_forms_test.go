@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -65,7 +66,8 @@ func TestEveryPostFormCarriesTheCSRFToken(t *testing.T) {
 // consoleWithSomethingOnEachPage starts a console with something to act on
 // on each page (a dead event, a sealed payment event, unknown payments
 // below and above the four-eyes threshold, a pending request, dead events
-// of a topic) and returns the pages to walk.
+// of a topic, an open and a closed discrepancy) and returns the pages to
+// walk.
 func consoleWithSomethingOnEachPage(t *testing.T) (*harness, []string) {
 	t.Helper()
 	kr := testKeyring(t, "k1")
@@ -79,15 +81,22 @@ func consoleWithSomethingOnEachPage(t *testing.T) (*harness, []string) {
 		t.Fatalf("a four-eyes request to approve: %d", resp.StatusCode)
 	}
 	seedDeadEvents(t, h, "orders", 3)
+	// A discrepancy open (its close form) and one closed (the closed list).
+	disputed, _ := h.discrepancy(t)
+	closedOp, closedID := h.discrepancy(t)
+	if resp, _ := h.postForm(t, oncall, fmt.Sprintf("/payments/discrepancies/%d/close", closedID), closeForm(oncallToken, "refunded")); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("a closed discrepancy: %d", resp.StatusCode)
+	}
 	return h, []string{"/", "/outbox", "/outbox?status=dead", "/outbox/" + dead.String(), "/outbox/" + sealed.String(),
 		"/payments", "/payments/" + small.String(), "/payments/" + big.String(), "/payments/settlements", "/approvals",
 		"/jobs", "/outbox/bulk", "/outbox?topic=orders", "/inbox", "/relays", "/audit", "/audit/1",
-		"/trace/payment/" + big.String(), "/trace/event/" + dead.String(), "/outbox/bulk?status=dead&topic=orders&action=retry"}
+		"/trace/payment/" + big.String(), "/trace/event/" + dead.String(), "/outbox/bulk?status=dead&topic=orders&action=retry",
+		"/payments/discrepancies", "/payments/discrepancies?state=closed", "/payments/" + disputed.String(), "/payments/" + closedOp.String()}
 }
 
 // No state change on GET (SECURITY.md): every page, as every role, leaves
-// the outbox, the payments, the books, the requests and the jobs as they
-// were, and writes no audit row but the refusals of pages a role may not
+// the outbox, the payments, the books, the requests, the discrepancies and
+// the jobs as they were, and writes no audit row but the refusals of pages a role may not
 // open. (GET /audit/export is the one GET that writes a row, its own
 // audit.export, by design: who exported the trail is itself audited.)
 func TestGetPagesChangeNothing(t *testing.T) {
@@ -102,6 +111,7 @@ func TestGetPagesChangeNothing(t *testing.T) {
 			(SELECT md5(coalesce(string_agg(concat_ws(',', account_id, balance, reserved, updated_at), ';' ORDER BY account_id), '')) FROM account),
 			(SELECT count(*) FROM ledger_entry), (SELECT count(*) FROM balance_reservation WHERE status = 'active'),
 			(SELECT md5(coalesce(string_agg(concat_ws(',', id, state), ';' ORDER BY id), '')) FROM payment_approval),
+			(SELECT md5(coalesce(string_agg(concat_ws(',', discrepancy_id, resolved_at, resolved_by, resolution), ';' ORDER BY discrepancy_id), '')) FROM payment_discrepancy),
 			(SELECT count(*) FROM outbox_job), (SELECT count(*) FROM outbox_topic_pause),
 			(SELECT md5(coalesce(string_agg(concat_ws(',', operation_id, status), ';' ORDER BY operation_id), '')) FROM idempotency_record))`).Scan(&s); err != nil {
 			t.Fatal(err)

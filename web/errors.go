@@ -64,7 +64,7 @@ func statusOf(err error) int {
 	case errors.Is(err, ErrNotFound), errors.Is(err, outbox.ErrNotFound), errors.Is(err, payments.ErrNotFound):
 		return http.StatusNotFound
 	case errors.Is(err, ErrConflict), errors.Is(err, outbox.ErrConflict), errors.Is(err, payments.ErrNotUnknown),
-		errors.Is(err, payments.ErrApprovalPending), errors.Is(err, payments.ErrNotPending):
+		errors.Is(err, payments.ErrApprovalPending), errors.Is(err, payments.ErrNotPending), errors.Is(err, payments.ErrDiscrepancyClosed):
 		return http.StatusConflict
 	case errors.Is(err, payments.ErrSelfApproval):
 		return http.StatusForbidden
@@ -79,7 +79,7 @@ func statusOf(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, auth.ErrLoginFailed), errors.Is(err, auth.ErrReauthRequired):
 		return http.StatusUnauthorized
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, ErrInvalid), errors.Is(err, payments.ErrNoResolution):
 		return http.StatusUnprocessableEntity
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable

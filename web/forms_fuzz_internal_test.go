@@ -46,6 +46,9 @@ func FuzzListForms(f *testing.F) {
 				t.Fatalf("audit list %q: %v has no text for the page", raw, err)
 			}
 		}
+		if f, problem := parseDiscrepancyListForm(q); problem == "" && len(f.after) > 64 {
+			t.Fatalf("discrepancies list %q: a cursor of %d bytes accepted", raw, len(f.after))
+		}
 		if _, err := parsePaymentForm(q); err != nil {
 			if !errors.Is(err, payments.ErrInvalidFilter) && !errors.Is(err, payments.ErrInvalidCursor) {
 				t.Fatalf("payments list %q: %v is not a filter or cursor problem", raw, err)

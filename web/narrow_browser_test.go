@@ -72,10 +72,10 @@ func TestBrowserPhoneWidthKeepsPagesInTheViewport(t *testing.T) {
 	}
 	// The pages the reviewer measured hold a table wider than the phone:
 	// it must scroll in its box, not be cut or squeezed out of sight.
-	wideTable := map[string]bool{"/audit": true, "/outbox": true, "/payments/" + s.op: true}
+	wideTable := map[string]bool{"/audit": true, "/outbox": true, "/payments/" + s.op: true, "/payments/discrepancies": true}
 	pages := []string{"/", "/audit", "/audit/" + strconv.FormatInt(s.seqs[0], 10), "/outbox", "/outbox?status=dead",
 		"/outbox/" + s.dead, "/payments", "/payments?status=unknown", "/payments/" + s.op, "/inbox", "/relays", "/jobs",
-		"/outbox/bulk", "/approvals", "/payments/settlements"}
+		"/outbox/bulk", "/approvals", "/payments/settlements", "/payments/discrepancies"}
 	for _, path := range pages {
 		if err := chromedp.Do(tctx, chromedp.Navigate(h.base+path), chromedp.WaitVisible(chromedp.CSS(`[data-testid="nav"]`))); err != nil {
 			t.Fatalf("%s: %v", path, err)

@@ -101,7 +101,7 @@ func paymentProblem(err error) string {
 func (a *App) paymentList(c echo.Context) error {
 	ctx := c.Request().Context()
 	f, err := parsePaymentForm(c.QueryParams())
-	d := views.PaymentListData{Form: f.raw, CanSearch: a.kr != nil, CanSettle: may(c, auth.PermPaymentsAct)}
+	d := views.PaymentListData{Form: f.raw, CanSearch: a.kr != nil, CanSettle: may(c, auth.PermPaymentsAct), Discrepancies: a.links.Discrepancies}
 	if err == nil {
 		var page payments.ListPage
 		if page, err = payments.ListPayments(ctx, a.pool, f.filter, f.page); err == nil {
@@ -191,9 +191,10 @@ func operationID(c echo.Context) (uuid.UUID, error) {
 // paymentDone are the notices after a redirect (fixed texts: the query
 // never reaches the page).
 var paymentDone = map[string]string{
-	"resolved":  "Resolved: the payment left unknown once; its reservation, ledger and event changed in the same commit as your audit row.",
-	"requested": "Requested: the amount is above the four-eyes threshold, so nothing moves until a different operator approves it on the Approvals page.",
-	"inquired":  "Inquired: the provider's answer is recorded below.",
+	"resolved":           "Resolved: the payment left unknown once; its reservation, ledger and event changed in the same commit as your audit row.",
+	"requested":          "Requested: the amount is above the four-eyes threshold, so nothing moves until a different operator approves it on the Approvals page.",
+	"inquired":           "Inquired: the provider's answer is recorded below.",
+	"discrepancy_closed": "Closed: the discrepancy records who closed it and why, with its audit row; the payment's status and books are as they were.",
 }
 
 // paymentPage is GET /payments/{op}.
@@ -261,7 +262,7 @@ func (a *App) paymentData(ctx context.Context, c echo.Context, op uuid.UUID) (vi
 		return d, err
 	}
 	d.Events = events.Rows
-	if d.Discrepancy, err = payments.OpenDiscrepanciesOf(ctx, a.pool, op); err != nil {
+	if d.Discrepancy, err = payments.DiscrepanciesOf(ctx, a.pool, op); err != nil {
 		return d, err
 	}
 	if d.Approvals, err = payments.ApprovalsOf(ctx, a.pool, op); err != nil {

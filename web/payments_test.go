@@ -776,9 +776,13 @@ func TestSettlementUpload(t *testing.T) {
 	if len(sha) != 64 {
 		t.Fatalf("no hash in the confirmation: %q", sha)
 	}
-	resp, _ = h.confirm(t, b, token, sha)
+	resp, body = h.confirm(t, b, token, sha)
 	if resp.StatusCode != 200 {
 		t.Fatalf("confirm: %d", resp.StatusCode)
+	}
+	if n := doc(t, body).Find(`[data-testid="notice"]`); !strings.Contains(n.Text(), "1 line contradicts a final payment (1 new discrepancy)") ||
+		!strings.Contains(n.Text(), "1 line names no payment of ours") || n.Find(`[data-testid="notice-discrepancies"]`).AttrOr("href", "") != "/payments/discrepancies" {
+		t.Errorf("the notice after applying reads %q", strings.Join(strings.Fields(n.Text()), " "))
 	}
 	if e := h.effectsOf(t, op1); e.status != "completed" || e.ledger != 1 {
 		t.Fatalf("op1 after apply: %+v", e)
@@ -798,6 +802,14 @@ func TestSettlementUpload(t *testing.T) {
 	}
 	if n := h.countAudit(t, `action = 'payments.settle'`); n != 2 {
 		t.Errorf("%d settle audit rows in all, want 2", n)
+	}
+	// The lines that settle nothing but need someone are audited once too:
+	// the contradicted payment, the charge with no payment of ours.
+	for action, op := range map[string]uuid.UUID{"payments.settle_discrepancy": done, "payments.settle_not_found": stranger} {
+		if n := h.countAudit(t, `action = $1 AND outcome = 'ok' AND target_type = 'payment' AND target_id = $2 AND evidence LIKE $3 AND actor_name = 'oncall'`,
+			action, op.String(), "settlement sha256:"+sha+" line %"); n != 1 {
+			t.Errorf("%s of %s: %d audit rows naming the hash, want 1", action, op, n)
+		}
 	}
 }
 

@@ -63,11 +63,16 @@ func (a *App) routes() []route {
 		{http.MethodGet, "/audit/:seq", page(auth.PermAudit), a.auditEntry},
 		{http.MethodPost, "/audit/verify", api(auth.PermAudit), a.auditVerify},
 		// Payments: list, detail, inquire, resolve, four eyes, settlement
-		// files (payments*.go, approvals.go, settlements.go).
+		// files, discrepancies (payments*.go, approvals.go, settlements.go,
+		// discrepancies.go).
 		{http.MethodGet, "/payments", page(auth.PermView), a.paymentList},
 		{http.MethodPost, "/payments/search", api(auth.PermView), a.paymentSearch},
 		{http.MethodGet, "/payments/settlements", page(auth.PermPaymentsAct), a.settlementForm},
 		{http.MethodPost, "/payments/settlements", api(auth.PermPaymentsAct), a.settlementUpload},
+		// Discrepancies: every role that sees payments sees the list; who
+		// may act on payments closes one (discrepancies.go).
+		{http.MethodGet, "/payments/discrepancies", page(auth.PermView), a.discrepancyList},
+		{http.MethodPost, "/payments/discrepancies/:id/close", api(auth.PermPaymentsAct), a.closeDiscrepancy},
 		{http.MethodGet, "/payments/:op", page(auth.PermView), a.paymentPage},
 		{http.MethodPost, "/payments/:op/inquire", api(auth.PermPaymentsAct), a.inquirePayment},
 		{http.MethodPost, "/payments/:op/resolve", api(auth.PermPaymentsAct), a.resolvePayment},

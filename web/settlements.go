@@ -176,21 +176,42 @@ func (a *App) settlementApply(c echo.Context, sha string) error {
 	if err := payments.MarkSettlementApplied(ctx, a.pool, sha); err != nil {
 		return err
 	}
-	n, held := 0, 0
+	n, held, opened, open, notFound := 0, 0, 0, 0, 0
 	for _, l := range d.Lines {
 		switch {
 		case l.Result == payments.LineResolved:
 			n++
 		case l.Result == payments.LineAwaiting && l.ApprovalID != 0:
 			held++
+		case l.Result == payments.LineDiscrepancy && l.Discrepancy == payments.DiscrepancyOpened:
+			opened++
+		case l.Result == payments.LineDiscrepancy && l.Discrepancy == payments.DiscrepancyOpen:
+			open++
+		case l.Result == payments.LineNotFound:
+			notFound++
 		}
 	}
 	a.metrics.actions.WithLabelValues(payments.ActionSettle, audit.OutcomeOK).Add(float64(n))
 	a.metrics.actions.WithLabelValues(payments.ActionResolveRequest, audit.OutcomeOK).Add(float64(held))
+	a.metrics.actions.WithLabelValues(payments.ActionSettleDiscrepancy, audit.OutcomeOK).Add(float64(opened + open))
+	a.metrics.actions.WithLabelValues(payments.ActionSettleNotFound, audit.OutcomeOK).Add(float64(notFound))
 	d.Notice = "Applied: " + views.CountOf(int64(n), "unknown payment", "unknown payments") + " settled, each with its audit row naming this file's hash."
 	if held > 0 {
 		d.Notice += " " + views.CountOf(int64(held), "request", "requests") + " above the four-eyes threshold now " +
 			views.Plural(int64(held), "waits", "wait") + " for a second operator on Approvals."
+	}
+	if opened+open > 0 {
+		d.Notice += " " + views.CountOf(int64(opened+open), "line contradicts", "lines contradict") + " a final payment (" +
+			views.Count(int64(opened)) + " new " + views.Plural(int64(opened), "discrepancy", "discrepancies") +
+			"): nothing was changed; they wait under Discrepancies for an operator to correct the money and close them."
+		d.Discrepancies = a.links.Discrepancies
+	}
+	if notFound > 0 {
+		d.Notice += " " + views.CountOf(int64(notFound), "line names", "lines name") + " no payment of ours: recorded in the audit trail (" +
+			payments.ActionSettleNotFound + "), for someone to take up with the provider."
+	}
+	if opened > 0 {
+		a.feed.Poke() // the dashboard's count
 	}
 	return render(c, http.StatusOK, views.SettlementPage(page, d))
 }

@@ -27,7 +27,7 @@ func runPayments(ctx context.Context, e env, args []string) error {
 		return &config.UsageError{Err: fmt.Errorf("want `payments reconcile --file F [--dry-run]`")}
 	}
 	var c config.PaymentsReconcile
-	if _, err := configure(e, "payments reconcile", "Apply a provider settlement file (the end-of-day path): CSV lines operation_id,outcome[,provider_ref],\noutcome succeeded|failed. The whole file is read and validated first: one invalid line (or an empty file)\nand nothing is applied. Then each unknown payment named is resolved once (a line is a definite provider\nanswer); a final payment the file contradicts gets a discrepancy for an operator and is not changed.\nEach line's result is printed, then a summary. Applying a file twice changes nothing the second time.\nWith --dry-run it prints what it would change and changes nothing.\nExit 1 when the file is invalid or empty, names charges we have no payment for, or contradicts us.", &c, args, nil); err != nil {
+	if _, err := configure(e, "payments reconcile", "Apply a provider settlement file (the end-of-day path): CSV lines operation_id,outcome[,provider_ref],\noutcome succeeded|failed. The whole file is read and validated first: one invalid line (or an empty file)\nand nothing is applied. Then each unknown payment named is resolved once (a line is a definite provider\nanswer); a final payment the file contradicts gets a discrepancy for an operator (closed in the console's\nDiscrepancies once the money is corrected) and is not changed. Settled lines, contradicting lines and lines\nnaming no payment of ours are each audited once, under --actor.\nEach line's result is printed, then a summary. Applying a file twice changes nothing the second time.\nWith --dry-run it prints what it would change and changes nothing.\nExit 1 when the file is invalid or empty, names charges we have no payment for, or contradicts us.", &c, args, nil); err != nil {
 		return err
 	}
 	var in io.Reader = os.Stdin
@@ -52,8 +52,9 @@ func runPayments(ctx context.Context, e env, args []string) error {
 	if actor == "" {
 		actor = osActor()
 	}
-	// Each settled payment gets its audit row in its line's transaction,
-	// as from the console: the file's hash and who applied it.
+	// Each settled payment, contradicting line and line naming no payment
+	// of ours gets its audit row in its line's transaction, as from the
+	// console: the file's hash and who applied it.
 	base := audit.Event{ActorIss: "cli", ActorSub: actor, ActorName: actor, ActorRoles: []string{"cli"}}
 	sum, err := payments.ApplySettlement(ctx, pool, in, payments.SettlementOptions{
 		Source: source, Topic: c.Topic, DryRun: c.DryRun,

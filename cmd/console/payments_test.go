@@ -100,6 +100,12 @@ func TestPaymentsReconcileFile(t *testing.T) {
 	if code, out, stderr := runConsole(t, envs, "payments", "reconcile", "--file", stranger); code != 1 || !strings.Contains(out, "not_found") || !strings.Contains(stderr, "no payment of ours") {
 		t.Fatalf("not_found: code %d\nstdout %s\nstderr %s", code, out, stderr)
 	}
+	// The charge with no payment of ours is recorded: its audit row, by
+	// whoever ran the command.
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM audit_event WHERE action = 'payments.settle_not_found' AND outcome = 'ok'
+		AND target_type = 'payment' AND actor_name LIKE '%@%' AND evidence LIKE 'settlement sha256:% line 1'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d audit rows of the line naming no payment (%v), want 1", n, err)
+	}
 	if code, _, _ := runConsole(t, envs, "payments", "reconcile"); code != 1 {
 		t.Fatalf("missing --file: code %d", code)
 	}

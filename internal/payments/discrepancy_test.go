@@ -105,13 +105,16 @@ func TestDiscrepancyFromInquiryAndSettlement(t *testing.T) {
 	if g := e.gauge("sluice_payments_discrepancies"); g != 1 {
 		t.Fatalf("sluice_payments_discrepancies = %v, want 1", g)
 	}
-	// An operator's correction (a later issue) closes it; the model allows
-	// it and the open count follows.
-	if _, err := e.pool.Exec(ctx, `UPDATE payment_discrepancy SET resolved_at = now(), resolved_by = 'iss|op', resolution = 'refunded' WHERE operation_id = $1`, op); err != nil {
+	// An operator's close (after correcting the money outside) ends it;
+	// the open count follows and the books stay as they were.
+	if _, err := closeIn(e.pool, DiscrepancyClose{ID: ds[0].ID, OperationID: op, ClosedBy: "iss|op", Reason: "charge booked by hand, ticket F-2"}); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := CountOpenDiscrepancies(ctx, e.pool); n != 0 {
 		t.Fatalf("open after resolution: %d", n)
+	}
+	if after := e.books(op); after != before {
+		t.Fatalf("closing changed the books: %s → %s", before, after)
 	}
 	e.checkBooks(1)
 }

@@ -205,6 +205,14 @@ type SettlementLine struct {
 	Message     string
 	FileSHA256  string // of the whole file: the evidence's identity
 	ApprovalID  int64  // LineAwaiting: the four-eyes request (0: one was waiting already)
+	ProviderRef string // the line's provider reference, if any
+	// Of a LineDiscrepancy: our payment's status the line contradicts, and
+	// what recording it did (DiscrepancyOpened, DiscrepancyOpen,
+	// DiscrepancyClosed; a dry run says what it would do) to which
+	// discrepancy (0 when none yet).
+	Status        Status
+	Discrepancy   string
+	DiscrepancyID int64
 }
 
 // SettlementSummary counts the lines by result.
@@ -298,6 +306,7 @@ func statusOf(o Outcome) Status {
 
 // classify says what a line means for a payment that is not unknown.
 func classify(l *SettlementLine, cur Payment, want Status) {
+	l.Status = cur.Status
 	switch {
 	case cur.Status == want:
 		l.Result, l.Message = LineAgreed, "already "+string(cur.Status)
@@ -310,7 +319,7 @@ func classify(l *SettlementLine, cur Payment, want Status) {
 
 // planLine is the dry run of applyLine: reads only.
 func planLine(ctx context.Context, q db.RowQuerier, f SettlementFile, e SettlementEntry, o SettlementOptions) (SettlementLine, error) {
-	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome, FileSHA256: f.SHA256}
+	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome, FileSHA256: f.SHA256, ProviderRef: e.ProviderRef}
 	cur, err := Get(ctx, q, e.OperationID)
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -341,20 +350,30 @@ func planLine(ctx context.Context, q db.RowQuerier, f SettlementFile, e Settleme
 	}
 	classify(&l, cur, statusOf(e.Outcome))
 	if l.Result == LineDiscrepancy {
+		closed, err := closedOnLine(ctx, q, e.OperationID, lineRef(f.SHA256, e.Line))
+		if err != nil {
+			return l, err
+		}
 		open, err := hasOpenDiscrepancy(ctx, q, e.OperationID)
 		if err != nil {
 			return l, err
 		}
+		l.Discrepancy = DiscrepancyOpened
 		l.Message = fmt.Sprintf("payment is %s but the provider says %s: would record a discrepancy for an operator", cur.Status, e.Outcome)
-		if open {
+		switch {
+		case open:
+			l.Discrepancy = DiscrepancyOpen
 			l.Message = fmt.Sprintf("payment is %s but the provider says %s: a discrepancy is already open", cur.Status, e.Outcome)
+		case closed != 0:
+			l.Discrepancy, l.DiscrepancyID = DiscrepancyClosed, closed
+			l.Message = fmt.Sprintf("payment is %s but the provider says %s: discrepancy #%d from this line was closed by an operator; not opened again", cur.Status, e.Outcome, closed)
 		}
 	}
 	return l, nil
 }
 
 func applyLine(ctx context.Context, b DB, f SettlementFile, e SettlementEntry, o SettlementOptions) (SettlementLine, error) {
-	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome, FileSHA256: f.SHA256}
+	l := SettlementLine{Line: e.Line, OperationID: e.OperationID.String(), Outcome: e.Outcome, FileSHA256: f.SHA256, ProviderRef: e.ProviderRef}
 	var now *time.Time
 	if o.Now != nil {
 		t := o.Now().UTC().Truncate(time.Microsecond)
@@ -411,13 +430,19 @@ func applyEntry(ctx context.Context, tx pgx.Tx, f SettlementFile, e SettlementEn
 	if l.Result != LineDiscrepancy {
 		return nil
 	}
-	created, err := recordDiscrepancy(ctx, tx, Discrepancy{OperationID: e.OperationID, RecordedStatus: cur.Status, ProviderOutcome: e.Outcome,
-		Source: DiscrepancySettlement, Evidence: lineEvidence(o.Source, f.SHA256, e.Line), ProviderRef: e.ProviderRef}, now)
+	r, err := recordDiscrepancy(ctx, tx, Discrepancy{OperationID: e.OperationID, RecordedStatus: cur.Status, ProviderOutcome: e.Outcome,
+		Source: DiscrepancySettlement, Evidence: lineEvidence(o.Source, f.SHA256, e.Line), ProviderRef: e.ProviderRef}, now, lineRef(f.SHA256, e.Line))
 	if err != nil {
 		return err
 	}
-	if !created {
+	l.Discrepancy, l.DiscrepancyID = r.State, r.ID
+	switch r.State {
+	case DiscrepancyOpen:
 		l.Message += " (already open)"
+	case DiscrepancyClosed:
+		// The operator's close stands: the same line seen again is not
+		// new evidence.
+		l.Message = fmt.Sprintf("payment is %s but the provider says %s: discrepancy #%d from this line was closed by an operator; not opened again", cur.Status, e.Outcome, r.ID)
 	}
 	return nil
 }

@@ -367,11 +367,12 @@ func (s *Service) inquiryDelay(attempts int) time.Duration {
 func (s *Service) inquiredFinal(ctx context.Context, p Payment, res provider.Result, ierr error, rep *InquiryReport) error {
 	definite := ierr == nil && res.Outcome.Definite()
 	if definite && contradicts(p.Status, outcomeOfProvider(res.Outcome)) {
-		created, err := recordDiscrepancy(ctx, s.pool, Discrepancy{OperationID: p.OperationID, RecordedStatus: p.Status,
-			ProviderOutcome: outcomeOfProvider(res.Outcome), Source: DiscrepancyInquiry, Evidence: "inquiry", ProviderRef: res.ProviderRef}, s.nowArg())
+		r, err := recordDiscrepancy(ctx, s.pool, Discrepancy{OperationID: p.OperationID, RecordedStatus: p.Status,
+			ProviderOutcome: outcomeOfProvider(res.Outcome), Source: DiscrepancyInquiry, Evidence: "inquiry", ProviderRef: res.ProviderRef}, s.nowArg(), "")
 		if err != nil {
 			return err
 		}
+		created := r.State == DiscrepancyOpened
 		rep.Discrepancy = created
 		if created {
 			s.log.Warn("payments: discrepancy: the provider contradicts a final payment", "operation_id", p.OperationID,
