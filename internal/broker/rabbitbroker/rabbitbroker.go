@@ -1,6 +1,7 @@
 // Package rabbitbroker is the RabbitMQ adapter of the broker contract:
 // persistent, mandatory publishes to a durable topic exchange with publisher
-// confirms, and durable queues bound to it consumed one message at a time.
+// confirms, and durable single-active-consumer queues bound to it consumed
+// one message at a time.
 package rabbitbroker
 
 import (
@@ -473,19 +474,44 @@ func (r *RabbitMQ) confirmed(ctx, wctx context.Context, ch *amqp.Channel, o sent
 	return nil
 }
 
+// ErrQueueNotSingleActive reports a consumer's queue declared without
+// single active consumer, as Sluice declared it until 7 December. Two
+// consumers of such a queue lost effects: while one retried seq k of an
+// aggregate in place (broker.HandleInPlace), the other took seq k+1, and
+// the inbox then dropped seq k as stale. RabbitMQ cannot change a queue's
+// arguments in place, so the queue must be drained and deleted once
+// (README, "RabbitMQ consumers").
+var ErrQueueNotSingleActive = errors.New("broker: the consumer's queue was declared without single active consumer")
+
+// singleActiveConsumer makes RabbitMQ deliver a queue to one consumer at a
+// time and, when that consumer goes, hand the queue (its unacknowledged
+// messages requeued in order first) to the next. A prefetch of one (Qos)
+// bounds each channel, not the queue: without it, every process consuming
+// one name (a second replica, a rolling restart's new process, a standby)
+// took the next message while the first retried its own.
+var singleActiveConsumer = amqp.Table{"x-single-active-consumer": true}
+
 // DeclareQueue declares consumer's durable queue bound to every topic of the
-// exchange. Subscribe does it too; call it first when publishing may start
-// before the consumer does (mandatory publishes to no queue are refused).
+// exchange, single-active-consumer. Subscribe does it too; call it first
+// when publishing may start before the consumer does (mandatory publishes
+// to no queue are refused). A queue of that name declared without single
+// active consumer is ErrQueueNotSingleActive.
 func (r *RabbitMQ) DeclareQueue(consumer string) error {
 	if err := broker.ValidateConsumer(consumer); err != nil {
 		return err
 	}
-	return r.onSideChannel(func(ch *amqp.Channel) error { return r.declareQueue(ch, consumer) })
+	return r.onSideChannel(func(conn *amqp.Connection, ch *amqp.Channel) error { return r.declareQueue(conn, ch, consumer) })
 }
 
-func (r *RabbitMQ) declareQueue(ch *amqp.Channel, consumer string) error {
+func (r *RabbitMQ) declareQueue(conn *amqp.Connection, ch *amqp.Channel, consumer string) error {
 	q := r.Queue(consumer)
-	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+	if _, err := ch.QueueDeclare(q, true, false, false, false, singleActiveConsumer); err != nil {
+		if declaredWithoutSingleActive(conn, q, err) {
+			return fmt.Errorf("%w: queue %s. Stop publishing into it (stop the relays, or console outbox pause every topic), "+
+				"let one consumer of the previous release drain it to 0 messages, stop it, delete the queue "+
+				"(rabbitmqctl delete_queue %s), start console consume again (it declares the queue anew), then the relays "+
+				"(README, RabbitMQ consumers): %w", ErrQueueNotSingleActive, q, q, err)
+		}
 		return fmt.Errorf("broker: declare queue %s: %w", q, err)
 	}
 	if err := ch.QueueBind(q, "#", r.exchange, false, nil); err != nil {
@@ -494,9 +520,12 @@ func (r *RabbitMQ) declareQueue(ch *amqp.Channel, consumer string) error {
 	return nil
 }
 
-// Subscribe consumes consumer's durable queue one message at a time (so
-// per-aggregate order is kept) until ctx ends, reconnecting after a lost
-// connection. Each failure to consume (no connection, queue declaration
+// Subscribe consumes consumer's durable queue one message at a time, and
+// only while RabbitMQ makes this subscriber the queue's single active
+// consumer (so per-aggregate order is kept however many processes consume
+// one name: the others wait as standbys), until ctx ends, reconnecting
+// after a lost connection. A queue declared without single active consumer
+// (ErrQueueNotSingleActive) is refused at once. Each failure to consume (no connection, queue declaration
 // refused, session cut) is logged and followed by a pause, 500ms doubling to
 // 30s; a session that got as far as consuming resets both the pause and the
 // count. After Options.MaxConsumeFailures failures in a row Subscribe
@@ -504,6 +533,13 @@ func (r *RabbitMQ) declareQueue(ch *amqp.Channel, consumer string) error {
 // consume subcommand exits non-zero) instead of retrying in silence.
 func (r *RabbitMQ) Subscribe(ctx context.Context, consumer string, h broker.Handler) error {
 	if err := broker.ValidateConsumer(consumer); err != nil {
+		return err
+	}
+	// A queue an earlier release declared stays as it is whatever the
+	// retries: say so at start rather than after MaxConsumeFailures tries
+	// (or never, with retries unbounded). Any other failure here is the
+	// first session's to meet and report.
+	if err := r.DeclareQueue(consumer); errors.Is(err, ErrQueueNotSingleActive) {
 		return err
 	}
 	return broker.RetryConsume(ctx, r.log, r.maxFailures, "RabbitMQ", "queue", r.Queue(consumer), func(ctx context.Context) (bool, error) {
@@ -525,13 +561,14 @@ func (r *RabbitMQ) consume(ctx context.Context, consumer string, h broker.Handle
 		r.mu.Unlock()
 		return false, err
 	}
-	ch, err := r.conn.Channel()
+	conn := r.conn
+	ch, err := conn.Channel()
 	r.mu.Unlock()
 	if err != nil {
 		return false, fmt.Errorf("broker: open channel: %w", err)
 	}
 	defer ch.Close()
-	if err := r.declareQueue(ch, consumer); err != nil {
+	if err := r.declareQueue(conn, ch, consumer); err != nil {
 		return false, err
 	}
 	if err := ch.Qos(1, 0, false); err != nil {
@@ -615,7 +652,7 @@ func fromAMQP(d amqp.Delivery) broker.Message {
 // DeleteShardQueues removes the shard queues of consumer (tests and the
 // bench clean up with it).
 func (r *RabbitMQ) DeleteShardQueues(consumer string, shards int) error {
-	return r.onSideChannel(func(ch *amqp.Channel) error {
+	return r.onSideChannel(func(_ *amqp.Connection, ch *amqp.Channel) error {
 		for s := range shards {
 			if _, err := ch.QueueDelete(r.ShardQueue(consumer, shards, s), false, false, false); err != nil {
 				return fmt.Errorf("broker: delete queue %s: %w", r.ShardQueue(consumer, shards, s), err)
@@ -638,7 +675,7 @@ func (r *RabbitMQ) DeclareShardQueues(consumer string, shards int) error {
 	if err := broker.ValidateConsumer(consumer); err != nil {
 		return err
 	}
-	return r.onSideChannel(func(ch *amqp.Channel) error {
+	return r.onSideChannel(func(_ *amqp.Connection, ch *amqp.Channel) error {
 		for s := range shards {
 			if err := r.declareShardQueue(ch, consumer, shards, s); err != nil {
 				return err
@@ -785,7 +822,7 @@ func (r *RabbitMQ) Close() error {
 // DeleteQueue removes consumer's queue, keeping the exchange (tests and the
 // bench clean up with it).
 func (r *RabbitMQ) DeleteQueue(consumer string) error {
-	return r.onSideChannel(func(ch *amqp.Channel) error {
+	return r.onSideChannel(func(_ *amqp.Connection, ch *amqp.Channel) error {
 		if _, err := ch.QueueDelete(r.Queue(consumer), false, false, false); err != nil {
 			return fmt.Errorf("broker: delete queue %s: %w", r.Queue(consumer), err)
 		}
@@ -796,7 +833,7 @@ func (r *RabbitMQ) DeleteQueue(consumer string) error {
 // DeleteNamespace removes the exchange and the queues of consumers (tests
 // and the demo clean up after themselves with it).
 func (r *RabbitMQ) DeleteNamespace(consumers ...string) error {
-	return r.onSideChannel(func(ch *amqp.Channel) error {
+	return r.onSideChannel(func(_ *amqp.Connection, ch *amqp.Channel) error {
 		for _, c := range consumers {
 			if _, err := ch.QueueDelete(r.Queue(c), false, false, false); err != nil {
 				return fmt.Errorf("broker: delete queue %s: %w", r.Queue(c), err)
@@ -812,7 +849,7 @@ func (r *RabbitMQ) DeleteNamespace(consumers ...string) error {
 // onSideChannel runs fn on a channel of its own (declarations and deletions
 // that fail close their channel, so they never use the publishing one),
 // under the lock and on a live connection.
-func (r *RabbitMQ) onSideChannel(fn func(ch *amqp.Channel) error) error {
+func (r *RabbitMQ) onSideChannel(fn func(conn *amqp.Connection, ch *amqp.Channel) error) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, err := r.channelLocked(); err != nil {
@@ -823,5 +860,27 @@ func (r *RabbitMQ) onSideChannel(fn func(ch *amqp.Channel) error) error {
 		return fmt.Errorf("broker: open channel: %w", err)
 	}
 	defer ch.Close()
-	return fn(ch)
+	return fn(r.conn, ch)
+}
+
+// declaredWithoutSingleActive says whether err, the refusal of queue q's
+// single-active-consumer declaration, is because q exists as earlier
+// releases declared it: durable, without arguments. RabbitMQ refuses a
+// declaration whose arguments differ from the queue's (406
+// PRECONDITION_FAILED), in either direction, so declaring q as it used to
+// be succeeds only on such a queue; any other difference (not durable,
+// other arguments) fails that too, and the first error stands. The refusal
+// closed the declaring channel: the probe takes a channel of its own.
+func declaredWithoutSingleActive(conn *amqp.Connection, q string, err error) bool {
+	var aerr *amqp.Error
+	if !errors.As(err, &aerr) || aerr.Code != amqp.PreconditionFailed {
+		return false
+	}
+	ch, cerr := conn.Channel()
+	if cerr != nil {
+		return false
+	}
+	defer ch.Close()
+	_, perr := ch.QueueDeclare(q, true, false, false, false, nil)
+	return perr == nil
 }

@@ -109,8 +109,8 @@ func TestSubscribeReportsConsumeFailures(t *testing.T) {
 		t.Fatalf("Subscribe retried until the test's deadline: %v\n%s", err, logs.String())
 	}
 	var aerr *amqp.Error
-	if !errors.As(err, &aerr) || aerr.Code != amqp.PreconditionFailed {
-		t.Fatalf("Subscribe = %v, want the broker's PRECONDITION_FAILED", err)
+	if !errors.As(err, &aerr) || aerr.Code != amqp.PreconditionFailed || errors.Is(err, rabbitbroker.ErrQueueNotSingleActive) {
+		t.Fatalf("Subscribe = %v, want the broker's PRECONDITION_FAILED (a queue that is not durable is not an earlier release's)", err)
 	}
 	if !strings.Contains(err.Error(), "3 times in a row") || calls != 0 {
 		t.Fatalf("Subscribe = %v after %d handler calls, want 3 failures in a row and none", err, calls)
@@ -128,6 +128,61 @@ func TestSubscribeReportsConsumeFailures(t *testing.T) {
 		if !strings.Contains(lines[i], w) || !strings.Contains(lines[i], "PRECONDITION_FAILED") {
 			t.Fatalf("log line %d:\n%s\nwant it to contain\n%s\nand the broker's error", i, lines[i], w)
 		}
+	}
+}
+
+// A consumer's queue declared as releases before 7 December declared it
+// (durable, without single active consumer) cannot be changed in place,
+// and consuming it would let two processes of one name share an
+// aggregate's events again. Subscribe refuses it at start, even with
+// retries unbounded, with an error that says what to do; the queue and
+// what it holds are left as they are.
+func TestAQueueWithoutSingleActiveConsumerIsRefusedAtStart(t *testing.T) {
+	t.Parallel()
+	r := openRabbit(t, broker.Options{MaxConsumeFailures: -1})
+	conn, err := amqp.Dial(brokertest.RabbitURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(r.Queue("reader"), true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(r.Queue("reader"), "#", r.Exchange(), false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Publish(context.Background(), brokertest.Messages(1, 1)[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	calls := 0
+	err = r.Subscribe(ctx, "reader", func(context.Context, broker.Message) error {
+		calls++
+		return nil
+	})
+	if ctx.Err() != nil {
+		t.Fatalf("Subscribe retried until the test's deadline: %v", err)
+	}
+	if !errors.Is(err, rabbitbroker.ErrQueueNotSingleActive) || calls != 0 {
+		t.Fatalf("Subscribe = %v after %d handler calls, want ErrQueueNotSingleActive and none", err, calls)
+	}
+	for _, want := range []string{r.Queue("reader"), "drain", "rabbitmqctl delete_queue " + r.Queue("reader"), "README"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("Subscribe = %v\nwant it to say %q", err, want)
+		}
+	}
+	if err := r.DeclareQueue("reader"); !errors.Is(err, rabbitbroker.ErrQueueNotSingleActive) {
+		t.Fatalf("DeclareQueue = %v, want ErrQueueNotSingleActive", err)
+	}
+	q, err := ch.QueueDeclarePassive(r.Queue("reader"), true, false, false, false, nil)
+	if err != nil || q.Messages != 1 {
+		t.Fatalf("the queue after the refusal: %+v (%v), want it kept with its message", q, err)
 	}
 }
 
