@@ -3,11 +3,13 @@ package natsbroker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/broker"
@@ -42,6 +44,59 @@ func TestRoundTrip(t *testing.T) {
 	srv := startNATS(t)
 	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
 	brokertest.RoundTrip(t, b, brokertest.Messages(200, 7))
+}
+
+// A producer's headers under names the system reserves (a row another
+// writer put straight into the outbox) are not published: the consumer
+// reads the event's own id and aggregate, and no replay target. Until 7
+// December a Sluice-Replay-To had every other consumer acknowledge the
+// event unapplied, a Sluice-Event-Id deduplicated two events as one, and a
+// Nats-Expected-Stream made JetStream refuse the publish.
+func TestProducerHeadersCannotPassForTheSystems(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	brokertest.ProducerHeadersCannotPassForTheSystems(t, b)
+}
+
+// A message already in the stream whose producer headers used reserved
+// names (published before they were dropped) reads as the system sent it:
+// its event id from Nats-Msg-Id, no replay target (only a replay carries
+// one), and none of those headers handed on as the producer's.
+func TestAStoredMessageReadsTheSystemsValuesOnly(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	ctx := context.Background()
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	want := brokertest.Messages(1, 1)[0]
+	m := nats.NewMsg(b.Subject(want.Topic))
+	for k, v := range brokertest.ForgedHeaders() {
+		m.Header.Set(k, v)
+	}
+	m.Header.Del("Nats-Expected-Stream")
+	m.Header.Set(jetstream.MsgIDHeader, want.ID)
+	m.Header.Set(broker.HeaderAggregateType, want.AggregateType)
+	m.Header.Set(broker.HeaderAggregateID, want.AggregateID)
+	m.Header.Set(broker.HeaderAggregateSeq, strconv.FormatInt(want.AggregateSeq, 10))
+	m.Header.Set(broker.HeaderEventType, want.EventType)
+	m.Data = want.Payload
+	if _, err := natstest.Admin(t, srv.ClientURL()).PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	var got broker.Message
+	if err := b.Subscribe(sctx, "reader", func(_ context.Context, m broker.Message) error {
+		got = m
+		cancel()
+		return nil
+	}); err != nil || got.ID == "" {
+		t.Fatalf("Subscribe = %v, read %+v; want the message", err, got)
+	}
+	want.Headers = map[string]string{"X-Kept": "the producer's own"}
+	if got.ID != want.ID || got.ReplayTo != "" || got.Shards != 0 || got.Topic != want.Topic || fmt.Sprint(got.Headers) != fmt.Sprint(want.Headers) {
+		t.Fatalf("read %+v, want %+v", got, want)
+	}
 }
 
 func TestOpenRejectsAnInvalidNamespace(t *testing.T) {

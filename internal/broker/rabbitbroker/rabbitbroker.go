@@ -380,15 +380,22 @@ func (r *RabbitMQ) publish(ctx context.Context, msgs []broker.Message) []error {
 // publishing is where msg goes and what is sent: MessageId is the event
 // id; the aggregate travels in headers (AMQP has no property for it).
 func (r *RabbitMQ) publishing(msg broker.Message, token string) (exchange, key string, p amqp.Publishing) {
-	headers := amqp.Table{
-		broker.HeaderAggregateType: msg.AggregateType,
-		broker.HeaderAggregateID:   msg.AggregateID,
-		broker.HeaderAggregateSeq:  strconv.FormatInt(msg.AggregateSeq, 10),
-		broker.HeaderEventType:     msg.EventType,
-	}
+	// The producer's headers first, but none of the names the system
+	// reserves, then the system's: until 7 December the producer's were
+	// copied over the aggregate's, so a row another writer put straight
+	// into the outbox could replace Sluice-Aggregate-Seq, and a CC or BCC
+	// header (a string, never the list RabbitMQ reads as routing keys) made
+	// the broker close the publishing channel.
+	headers := make(amqp.Table, len(msg.Headers)+6)
 	for k, v := range msg.Headers {
-		headers[k] = v
+		if !broker.ReservedHeader(k) {
+			headers[k] = v
+		}
 	}
+	headers[broker.HeaderAggregateType] = msg.AggregateType
+	headers[broker.HeaderAggregateID] = msg.AggregateID
+	headers[broker.HeaderAggregateSeq] = strconv.FormatInt(msg.AggregateSeq, 10)
+	headers[broker.HeaderEventType] = msg.EventType
 	headers[headerPublishID] = token
 	// A replay for one consumer goes through the default exchange straight
 	// to that consumer's queue (routing key = queue name; with shards, the
@@ -607,36 +614,52 @@ func (r *RabbitMQ) consume(ctx context.Context, consumer string, h broker.Handle
 	}
 }
 
+// fromAMQP reads a delivery back. What the system decides comes from what
+// only the system sets: the event id is the MessageId property, and a
+// replay's topic and target count only on a message that came through the
+// default exchange (a replay for one consumer, publishing), the shard only
+// when the routing key carries its tokens. A message queued before
+// producers' reserved headers were dropped on publish then still reads as
+// the system sent it; such headers are never handed on as the producer's.
 func fromAMQP(d amqp.Delivery) broker.Message {
 	str := func(k string) string {
 		s, _ := d.Headers[k].(string)
 		return s
 	}
 	seq, _ := strconv.ParseInt(str(broker.HeaderAggregateSeq), 10, 64)
-	topic := d.RoutingKey
-	if t := str(headerTopic); t != "" {
-		topic = t
-	}
 	msg := broker.Message{
 		ID:            d.MessageId,
-		Topic:         topic,
-		ReplayTo:      str(broker.HeaderReplayTo),
+		Topic:         d.RoutingKey,
 		AggregateType: str(broker.HeaderAggregateType),
 		AggregateID:   str(broker.HeaderAggregateID),
 		AggregateSeq:  seq,
 		EventType:     d.Type,
 		Payload:       d.Body,
 	}
-	if a, b, ok := strings.Cut(str(broker.HeaderShard), "/"); ok {
+	shard, shards := 0, 0
+	a, b, sharded := strings.Cut(str(broker.HeaderShard), "/")
+	if sharded {
+		shard, _ = strconv.Atoi(a)
+		shards, _ = strconv.Atoi(b)
+	}
+	switch token := broker.ShardToken(shards, shard) + "."; {
+	case d.Exchange == "":
+		// A replay for one consumer, sent straight to its queue: the
+		// routing key is the queue's name.
+		if t := str(headerTopic); t != "" {
+			msg.Topic = t
+		}
+		msg.ReplayTo = str(broker.HeaderReplayTo)
+		if sharded {
+			msg.Shard, msg.Shards = shard, shards
+		}
+	case sharded && strings.HasPrefix(msg.Topic, token):
 		// The routing key's shard tokens are not the topic.
-		msg.Shard, _ = strconv.Atoi(a)
-		msg.Shards, _ = strconv.Atoi(b)
-		msg.Topic = strings.TrimPrefix(msg.Topic, broker.ShardToken(msg.Shards, msg.Shard)+".")
+		msg.Shard, msg.Shards = shard, shards
+		msg.Topic = strings.TrimPrefix(msg.Topic, token)
 	}
 	for k, v := range d.Headers {
-		switch k {
-		case broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType, headerPublishID,
-			broker.HeaderShard, headerTopic, broker.HeaderReplayTo:
+		if broker.ReservedHeader(k) {
 			continue
 		}
 		if s, ok := v.(string); ok {

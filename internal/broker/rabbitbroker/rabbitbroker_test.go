@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +61,71 @@ func TestRetriesAFailedEffectInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	brokertest.RetriesInPlace(t, r)
+}
+
+// A producer's headers under names the system reserves (a row another
+// writer put straight into the outbox) are not published: the consumer
+// reads the event's own aggregate and sequence. Until 7 December they were
+// copied over the system's (Sluice-Aggregate-Seq replaced), and a CC header
+// made RabbitMQ close the publishing channel.
+func TestProducerHeadersCannotPassForTheSystems(t *testing.T) {
+	t.Parallel()
+	r := openRabbit(t, broker.Options{})
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	brokertest.ProducerHeadersCannotPassForTheSystems(t, r)
+}
+
+// A message already queued whose producer headers used reserved names
+// (published before they were dropped) reads as the system sent it: its
+// topic from the routing key and no replay target (only a message sent
+// straight to the queue, a replay for one consumer, has them in headers),
+// and none of those headers handed on as the producer's.
+func TestAQueuedMessageReadsTheSystemsValuesOnly(t *testing.T) {
+	t.Parallel()
+	r := openRabbit(t, broker.Options{})
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(brokertest.RabbitURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := brokertest.Messages(1, 1)[0]
+	headers := amqp.Table{}
+	for k, v := range brokertest.ForgedHeaders() {
+		headers[k] = v
+	}
+	delete(headers, "CC")
+	headers[broker.HeaderAggregateType] = want.AggregateType
+	headers[broker.HeaderAggregateID] = want.AggregateID
+	headers[broker.HeaderAggregateSeq] = strconv.FormatInt(want.AggregateSeq, 10)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := ch.PublishWithContext(ctx, r.Exchange(), want.Topic, false, false, amqp.Publishing{
+		MessageId: want.ID, Type: want.EventType, Headers: headers, Body: want.Payload,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var got broker.Message
+	if err := r.Subscribe(ctx, "reader", func(_ context.Context, m broker.Message) error {
+		got = m
+		cancel()
+		return nil
+	}); err != nil || got.ID == "" {
+		t.Fatalf("Subscribe = %v, read %+v; want the message", err, got)
+	}
+	want.Headers = map[string]string{"X-Kept": "the producer's own"}
+	if got.ID != want.ID || got.ReplayTo != "" || got.Shards != 0 || got.Topic != want.Topic || got.AggregateSeq != want.AggregateSeq ||
+		fmt.Sprint(got.Headers) != fmt.Sprint(want.Headers) {
+		t.Fatalf("read %+v, want %+v", got, want)
+	}
 }
 
 // With no queue bound, the broker confirms the publish but routes it
