@@ -2,8 +2,12 @@ package inbox_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/broker/brokertest"
@@ -105,5 +109,75 @@ func reservedHeaderNames(t *testing.T, url string, opts broker.Options) {
 	}
 	if n := c.Counts(); effects != len(headers) || n.Applied != int64(len(headers)) || n.Duplicates+n.Stale != 0 {
 		t.Fatalf("%d effects, consumer counts %+v; want each of the %d events applied once", effects, n, len(headers))
+	}
+}
+
+// A row another writer put in the outbox with a header RabbitMQ cannot
+// carry (a name over 255 bytes) fails alone: the relay publishes the rest
+// of its batch, records that event's failure (backed off, dead-lettered in
+// the end) and does not pause. Until 7 December the client closed the
+// connection on that event's frame, every confirm in flight read as a nack
+// ("a queue is full"): the whole batch was given back as an outage, the
+// relay paused, and the events before it were already enqueued, to be sent
+// again.
+func TestRabbitAnEventOverAnAMQPLimitFailsAlone(t *testing.T) {
+	t.Parallel()
+	opts := broker.Options{Namespace: brokertest.Namespace(t)}
+	r, err := rabbitbroker.Open(context.Background(), brokertest.RabbitURL, opts)
+	if err != nil {
+		t.Fatalf("RabbitMQ on 127.0.0.1:5672 (guest/guest) is needed: %v", err)
+	}
+	defer r.Close()
+	if err := r.DeclareQueue("reference"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := r.DeleteNamespace("reference"); err != nil {
+			t.Logf("cleanup: %v", err)
+		}
+	})
+	pool := dbtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var poison uuid.UUID
+	for i := range 6 {
+		h := `{"X-Fine": "ok"}`
+		if i == 2 {
+			h = `{"` + strings.Repeat("k", 300) + `": "v"}`
+		}
+		if id := outboxtest.Insert(t, pool, outboxtest.Seed{Headers: h})[0]; i == 2 {
+			poison = id
+		}
+	}
+	relay, err := outbox.NewRelay(pool, r, outbox.RelayConfig{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := relay.RunOnce(ctx)
+	if err != nil || res.Published != 5 || res.Failed != 1 || res.Unavailable != 0 || res.OutageRun != 0 {
+		t.Fatalf("relay: %+v, %v; want 5 published, 1 failed, no outage", res, err)
+	}
+	var (
+		status, lastError string
+		attempts          int
+	)
+	if err := pool.QueryRow(ctx, `SELECT status, attempts, last_error FROM outbox_event WHERE id = $1`, poison).Scan(&status, &attempts, &lastError); err != nil {
+		t.Fatal(err)
+	}
+	if status != outbox.StatusPending || attempts != 1 || !strings.Contains(lastError, "AMQP") {
+		t.Fatalf("the event RabbitMQ cannot carry: %s after %d attempts, last error %q; want pending, backed off, the AMQP limit named", status, attempts, lastError)
+	}
+	conn, err := amqp.Dial(brokertest.RabbitURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclarePassive(r.Queue("reference"), true, false, false, false, nil)
+	if err != nil || q.Messages != 5 {
+		t.Fatalf("the queue holds %d messages (%v), want the 5 published ones", q.Messages, err)
 	}
 }

@@ -24,6 +24,14 @@ import (
 // broker confirmed it but nobody will ever read it, so it is not published.
 var ErrUnroutable = errors.New("broker: message routed to no queue")
 
+// ErrOverAMQPLimit reports a message an AMQP 0-9-1 connection cannot carry:
+// a short string (routing key, message id, type, a header's name) over 255
+// bytes, or properties and headers over the connection's frame size. The
+// client failed the frame write and closed the connection, with every
+// publish in flight on it; the adapter refuses such a message unsent, as
+// its own failure.
+var ErrOverAMQPLimit = errors.New("broker: the message exceeds an AMQP limit")
+
 // headerPublishID carries a token unique to one Publish call, so a
 // basic.return is matched to the publish that is waiting for it and never to
 // a later publish of the same event id (a relay's retry after a timeout).
@@ -50,6 +58,10 @@ type RabbitMQ struct {
 	conn    *amqp.Connection
 	pub     *amqp.Channel
 	returns chan amqp.Return
+	// pubClosed tells why pub closed (closeWatch), frameMax is conn's
+	// negotiated frame size (0: no limit).
+	pubClosed *closeWatch
+	frameMax  int
 	// waiting holds one entry per Publish that is waiting for its confirm,
 	// keyed by its publish token: true once the broker returned that
 	// publish as unroutable. A publish removes its entry whatever its
@@ -212,8 +224,38 @@ func (r *RabbitMQ) channelLocked() (*amqp.Channel, error) {
 	// ack of the same message, so after a confirm the return (if any) is
 	// already in this buffer.
 	r.returns = ch.NotifyReturn(make(chan amqp.Return, returnsBuffer))
+	r.pubClosed = &closeWatch{closes: ch.NotifyClose(make(chan *amqp.Error, 1))}
+	r.frameMax = r.conn.Config.FrameSize
 	r.pub = ch
 	return ch, nil
+}
+
+// closeWatch keeps why one publishing channel closed: the broker's or the
+// connection's error, "" when we closed it or it has not closed.
+type closeWatch struct {
+	closes <-chan *amqp.Error
+	mu     sync.Mutex
+	read   bool
+	reason string
+}
+
+// why is the reason the channel closed. The client hands the reason over
+// before it resolves the channel's pending confirms, so a confirm resolved
+// by the close finds it here.
+func (w *closeWatch) why() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.read {
+		select {
+		case e, ok := <-w.closes:
+			w.read = true
+			if ok && e != nil {
+				w.reason = e.Error()
+			}
+		default:
+		}
+	}
+	return w.reason
 }
 
 // drainReturnsLocked marks the waiting publishes the broker returned and
@@ -292,6 +334,7 @@ func (r *RabbitMQ) publish(ctx context.Context, msgs []broker.Message) []error {
 	out := make([]sent, len(msgs))
 	r.mu.Lock()
 	ch, err := r.channelLocked()
+	closed, frameMax := r.pubClosed, r.frameMax
 	if err == nil {
 		for i := range out {
 			r.sequence++
@@ -329,6 +372,15 @@ func (r *RabbitMQ) publish(ctx context.Context, msgs []broker.Message) []error {
 		o := &out[i]
 		var p amqp.Publishing
 		o.exchange, o.key, p = r.publishing(msg, o.token)
+		if err := withinAMQPLimits(o.key, p, frameMax); err != nil {
+			// Sent, it would close the connection with the window's other
+			// messages in flight: until 7 December one such event (a row
+			// another writer put in the outbox) had its whole batch given
+			// back, the relay paused, and the events before it enqueued
+			// again later.
+			errs[i] = fmt.Errorf("%w: %s not sent: %w", ErrOverAMQPLimit, msg.ID, err)
+			continue
+		}
 		o.dc, err = ch.PublishWithDeferredConfirmWithContext(ctx, o.exchange, o.key, true, false, p)
 		if err != nil {
 			if errors.Is(err, amqp.ErrClosed) {
@@ -368,7 +420,7 @@ func (r *RabbitMQ) publish(ctx context.Context, msgs []broker.Message) []error {
 	for i, o := range out {
 		if o.dc != nil {
 			var counted bool
-			errs[i] = r.confirmed(ctx, wctx, ch, o, msgs[i].ID, func() bool { return answeredAfter(i) }, &counted)
+			errs[i] = r.confirmed(ctx, wctx, ch, closed, o, msgs[i].ID, func() bool { return answeredAfter(i) }, &counted)
 			if counted {
 				own++ // this window's own answer, in r.confirms too
 			}
@@ -426,11 +478,63 @@ func (r *RabbitMQ) publishing(msg broker.Message, token string) (exchange, key s
 	}
 }
 
+// amqpShortString is the longest AMQP short string: routing keys, message
+// ids, types and header names are short strings.
+const amqpShortString = 255
+
+// withinAMQPLimits says why the connection could not carry publishing p
+// with routing key key, or nil. frameMax is the connection's negotiated
+// frame size (0: no limit): the content header frame, which carries p's
+// properties and headers, cannot be split, and one larger than frameMax
+// makes the broker close the connection. Its size is counted as amqp091
+// writes the properties publishing sets.
+func withinAMQPLimits(key string, p amqp.Publishing, frameMax int) error {
+	if len(key) > amqpShortString {
+		return fmt.Errorf("its routing key (topic) is %d bytes, more than AMQP's %d", len(key), amqpShortString)
+	}
+	// class id, weight, body size, property flags; then each property set
+	size := 2 + 2 + 8 + 2
+	for _, f := range []struct{ what, v string }{
+		{"content type", p.ContentType}, {"message id", p.MessageId}, {"type (event type)", p.Type},
+	} {
+		if len(f.v) > amqpShortString {
+			return fmt.Errorf("its %s is %d bytes, more than AMQP's %d", f.what, len(f.v), amqpShortString)
+		}
+		if f.v != "" {
+			size += 1 + len(f.v)
+		}
+	}
+	if p.DeliveryMode > 0 {
+		size++
+	}
+	if !p.Timestamp.IsZero() {
+		size += 8
+	}
+	if len(p.Headers) > 0 {
+		size += 4
+		for k, v := range p.Headers {
+			if len(k) > amqpShortString {
+				return fmt.Errorf("its header name %.40q… is %d bytes, more than AMQP's %d", k, len(k), amqpShortString)
+			}
+			s, ok := v.(string)
+			if !ok {
+				return fmt.Errorf("its header %q is not a string", k)
+			}
+			size += 1 + len(k) + 1 + 4 + len(s)
+		}
+	}
+	// A frame is its payload and 8 bytes: type, channel, size, end.
+	if frameMax > 0 && size+8 > frameMax {
+		return fmt.Errorf("its properties and headers take a %d-byte frame, more than the connection's frame size of %d", size+8, frameMax)
+	}
+	return nil
+}
+
 // confirmed waits (on wctx) for one sent message's confirm and says what
 // it means; answered tells whether the broker confirmed anything else
 // since the message was sent.
 // counted is set when the broker's answer was counted in r.confirms.
-func (r *RabbitMQ) confirmed(ctx, wctx context.Context, ch *amqp.Channel, o sent, id string, answered func() bool, counted *bool) error {
+func (r *RabbitMQ) confirmed(ctx, wctx context.Context, ch *amqp.Channel, closed *closeWatch, o sent, id string, answered func() bool, counted *bool) error {
 	acked, err := r.waitConfirm(wctx, o.dc)
 	if err != nil {
 		if errors.Is(context.Cause(wctx), errBlocked) && ctx.Err() == nil {
@@ -457,6 +561,20 @@ func (r *RabbitMQ) confirmed(ctx, wctx context.Context, ch *amqp.Channel, o sent
 				broker.ErrUnavailable, id, err)
 		}
 		return fmt.Errorf("broker: confirm of %s: %w", id, err)
+	}
+	if !acked && ch.IsClosed() {
+		// The client resolves the confirms still pending on a channel
+		// that closes as not acknowledged, before or without any answer
+		// of the broker's: read as the broker's nack ("a queue is full"),
+		// a connection cut with a window in flight looked like a full
+		// queue. The outcome is unknown: the message may be enqueued, and
+		// is sent again later (the consumers' inboxes drop a duplicate).
+		reason := closed.why()
+		if reason == "" {
+			reason = "no reason given"
+		}
+		return fmt.Errorf("%w: RabbitMQ's answer to %s is unknown: the publishing channel closed before it came (%s); the message may be enqueued",
+			broker.ErrUnavailable, id, reason)
 	}
 	r.confirms.Add(1)
 	*counted = true
