@@ -124,6 +124,19 @@ func (n *JetStream) ensureStream(ctx context.Context) error {
 		n.log.Warn("broker: the stream's duplicate window is shorter than Sluice's default; a relay's republish after a crash may be stored twice (consumers' inboxes absorb it)",
 			"stream", n.stream, "duplicates", cfg.Duplicates, "default", want)
 	}
+	// The relay marks an event published on JetStream's ack: what the
+	// stream's own settings make of that ack is said here. Whether the
+	// server syncs each write (sync_interval: always) no client can read,
+	// so a single-replica file stream goes unmentioned (README, "NATS
+	// JetStream").
+	switch {
+	case cfg.Storage == jetstream.MemoryStorage:
+		n.log.Warn("broker: the stream keeps messages in memory: events the outbox marks published are lost when the NATS server stops (create it with file storage)",
+			"stream", n.stream)
+	case cfg.PersistMode == jetstream.AsyncPersistMode:
+		n.log.Warn("broker: the stream acknowledges writes before they are stored (persist mode async): events the outbox marks published can be lost when the NATS server stops or its host crashes",
+			"stream", n.stream)
+	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/broker/natsbroker"
 	"github.com/sluice-dev/sluice/internal/broker/natsbroker/natstest"
 	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 func startNATS(t *testing.T) *natsembedded.Server {
@@ -633,6 +635,48 @@ func TestShardReaderAfterTheStreamIsCreatedAgain(t *testing.T) {
 // Open leaves an existing stream as the operator tuned it (here a MaxAge
 // and a message limit), and refuses, saying what to do, a stream of the
 // same name that does not capture the namespace's subjects.
+// The relay marks an event published on JetStream's ack. A stream an
+// operator created that does not store what it acknowledges (memory
+// storage, or persist mode async) is named in a warning at start; the
+// stream Sluice creates (file storage) is not.
+func TestOpenWarnsOfAStreamThatDoesNotStoreWhatItAcknowledges(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	ctx := context.Background()
+	js := natstest.Admin(t, srv.ClientURL())
+	for name, c := range map[string]struct {
+		cfg  func(ns string) *jetstream.StreamConfig // nil: Open creates it
+		warn string
+	}{
+		"memory": {func(ns string) *jetstream.StreamConfig {
+			return &jetstream.StreamConfig{Storage: jetstream.MemoryStorage}
+		}, "in memory"},
+		"async": {func(ns string) *jetstream.StreamConfig {
+			return &jetstream.StreamConfig{Storage: jetstream.FileStorage, PersistMode: jetstream.AsyncPersistMode}
+		}, "persist mode async"},
+		"Sluice's own": {nil, ""},
+	} {
+		ns := brokertest.Namespace(t)
+		if c.cfg != nil {
+			cfg := c.cfg(ns)
+			cfg.Name, cfg.Subjects = strings.ToUpper(ns), []string{ns + ".>"}
+			if _, err := js.CreateStream(ctx, *cfg); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+		var logs testkit.Buffer
+		b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: ns, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		b.Close()
+		got := logs.String()
+		if c.warn == "" && strings.Contains(got, "level=WARN") || c.warn != "" && !strings.Contains(got, c.warn) {
+			t.Errorf("%s stream: Open logged %q, want a warning saying %q", name, got, c.warn)
+		}
+	}
+}
+
 func TestOpenKeepsTheOperatorsStreamSettings(t *testing.T) {
 	t.Parallel()
 	srv := startNATS(t)
