@@ -650,10 +650,10 @@ func (r *RabbitMQ) declareQueue(conn *amqp.Connection, ch *amqp.Channel, consume
 // consumer (so per-aggregate order is kept however many processes consume
 // one name: the others wait as standbys), until ctx ends, reconnecting
 // after a lost connection. A queue declared without single active consumer
-// (ErrQueueNotSingleActive) is refused at once. Each failure to consume (no connection, queue declaration
-// refused, session cut) is logged and followed by a pause, 500ms doubling to
-// 30s; a session that got as far as consuming resets both the pause and the
-// count. After Options.MaxConsumeFailures failures in a row Subscribe
+// (ErrQueueNotSingleActive) is refused at once. Each failure to consume
+// (no connection, queue declaration refused, session cut) is logged and
+// followed by a pause, 500ms doubling to 30s; a session that got as far as
+// consuming resets both the pause and the count. After Options.MaxConsumeFailures failures in a row Subscribe
 // returns the last one, so the consumer stops visibly (the console's
 // consume subcommand exits non-zero) instead of retrying in silence.
 func (r *RabbitMQ) Subscribe(ctx context.Context, consumer string, h broker.Handler) error {
@@ -733,10 +733,10 @@ func (r *RabbitMQ) consume(ctx context.Context, consumer string, h broker.Handle
 }
 
 // fromAMQP reads a delivery back. What the system decides comes from what
-// only the system sets: the event id is the MessageId property, and a
-// replay's topic and target count only on a message that came through the
-// default exchange (a replay for one consumer, publishing), the shard only
-// when the routing key carries its tokens. A message queued before
+// only the system sets: the event id is the MessageId property, a replay's
+// topic and target count only on a message that came through the default
+// exchange (where publishing sends a replay for one consumer), and the
+// shard only when the routing key carries its tokens. A message queued before
 // producers' reserved headers were dropped on publish then still reads as
 // the system sent it; such headers are never handed on as the producer's.
 func fromAMQP(d amqp.Delivery) broker.Message {
