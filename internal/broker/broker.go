@@ -96,7 +96,12 @@ func ShardToken(shards, shard int) string {
 const MaxShards = 1024
 
 // Publisher sends a message and returns only once the broker has accepted it
-// (JetStream ack / RabbitMQ publisher confirm). A nil error means stored.
+// (JetStream ack / RabbitMQ publisher confirm). A nil error means stored, as
+// durably as the broker stores what it acknowledges: RabbitMQ confirms a
+// persistent message once it is on disk; JetStream acknowledges a write
+// synced only every two minutes unless the server runs with sync_interval
+// always (the embedded server does) or the stream is replicated (README,
+// "NATS JetStream").
 type Publisher interface {
 	Publish(ctx context.Context, msg Message) error
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -144,5 +145,74 @@ func TestInsertRejectsInvalidEvents(t *testing.T) {
 	})
 	if !errors.Is(err, outbox.ErrInvalidEvent) {
 		t.Fatalf("Insert(bad payload) = %v, want ErrInvalidEvent", err)
+	}
+}
+
+// A producer's header may neither pass for one of the system's nor be one a
+// broker cannot carry as it is: Insert refuses the event, naming the header,
+// and writes nothing. Until 7 December headers were not checked: an event
+// with Sluice-Replay-To was acknowledged unapplied by every other consumer,
+// two with one Sluice-Event-Id were deduplicated as one, and a header name
+// over 255 bytes closed the relay's RabbitMQ connection with its whole
+// batch in flight.
+func TestInsertRefusesHeadersTheSystemReservesOrABrokerCannotCarry(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	refused := []struct {
+		name, value, says string
+	}{
+		{"Sluice-Replay-To", "billing", "reserved"},
+		{"sluice-event-id", "order-42", "reserved"},
+		{"SLUICE-AGGREGATE-SEQ", "7", "reserved"},
+		{"Nats-Msg-Id", "x", "reserved"},
+		{"nats-rollup", "sub", "reserved"},
+		{"CC", "elsewhere", "reserved"},
+		{"Bcc", "elsewhere", "reserved"},
+		{"", "x", "empty"},
+		{strings.Repeat("k", 256), "v", "256 bytes"},
+		{"Has Space", "v", "printable ASCII"},
+		{"colon:name", "v", "printable ASCII"},
+		{"tab\tname", "v", "printable ASCII"},
+		{"émoji", "v", "printable ASCII"},
+		{"X-Line", "one\r\nNats-Rollup: all", "CR or LF"},
+		{"X-Nul", "a\x00b", "NUL"},
+		{"X-Bytes", "\xff\xfe", "not UTF-8"},
+		{"X-Padded", " value", "space or tab"},
+		{"X-Padded", "value\t", "space or tab"},
+	}
+	for _, c := range refused {
+		ev := paymentEvent("refused")
+		ev.Headers = map[string]string{"X-Fine": "ok", c.name: c.value}
+		err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+			_, err := outbox.Insert(ctx, tx, ev)
+			return err
+		})
+		if !errors.Is(err, outbox.ErrInvalidEvent) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("header %.40q = %q: Insert = %v, want ErrInvalidEvent saying %q", c.name, c.value, err, c.says)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d events written (%v), want none", n, err)
+	}
+
+	ev := paymentEvent("accepted")
+	ev.Headers = map[string]string{
+		"traceparent":            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"X-Request-Id":           "r-1",
+		"x-sluice":               "not the prefix",
+		"Sluicey-Thing":          "nor this",
+		"Natsy":                  "nor this",
+		"Accept":                 "CC is a whole name",
+		strings.Repeat("k", 255): "255 bytes",
+		"Note":                   "inner  spaces,\ttabs and ünïcödé",
+		"Empty":                  "",
+	}
+	if err := db.WithTx(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.Insert(ctx, tx, ev)
+		return err
+	}); err != nil {
+		t.Fatalf("Insert with headers the brokers carry: %v", err)
 	}
 }

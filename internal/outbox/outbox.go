@@ -10,12 +10,14 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluice-dev/sluice/internal/broker"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/telemetry"
 )
@@ -40,7 +42,7 @@ type Event struct {
 	Topic         string            // broker subject / routing key
 	EventType     string            // versioned, e.g. "payment.requested.v1"
 	Payload       json.RawMessage   // sensitive fields must already be encrypted
-	Headers       map[string]string // optional
+	Headers       map[string]string // optional; names and values as broker.CheckHeader allows
 	AvailableAt   time.Time         // optional: not published before (zero = now)
 }
 
@@ -185,6 +187,17 @@ func (ev Event) validate() error {
 		return fmt.Errorf("%w: event type must be 1–200 characters", ErrInvalidEvent)
 	case !json.Valid(ev.Payload):
 		return fmt.Errorf("%w: payload is not valid JSON", ErrInvalidEvent)
+	}
+	// A producer's header must neither pass for one of the system's (a
+	// Sluice-Replay-To had every other consumer acknowledge the event
+	// unapplied, a Sluice-Event-Id deduplicated two events as one) nor be
+	// one a broker cannot carry (a RabbitMQ header name over 255 bytes
+	// closed the relay's connection with its whole batch in flight).
+	// Sorted, so the error names the same header every time.
+	for _, name := range slices.Sorted(maps.Keys(ev.Headers)) {
+		if err := broker.CheckHeader(name, ev.Headers[name]); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidEvent, err)
+		}
 	}
 	return nil
 }

@@ -62,6 +62,25 @@ func RoundTrip(t *testing.T, b broker.Broker, msgs []broker.Message) {
 			t.Fatalf("publish %s: %v", m.ID, err)
 		}
 	}
+	got := readBack(ctx, t, b, len(msgs))
+	for i, m := range msgs {
+		if g := got[i]; !same(g, m) {
+			t.Fatalf("message %d: got %+v, want %+v", i, g, m)
+		}
+	}
+}
+
+// same says whether got carries every field of want a subscriber reads.
+func same(got, want broker.Message) bool {
+	return got.ID == want.ID && got.Topic == want.Topic && got.AggregateType == want.AggregateType && got.AggregateID == want.AggregateID &&
+		got.AggregateSeq == want.AggregateSeq && got.EventType == want.EventType && string(got.Payload) == string(want.Payload) &&
+		fmt.Sprint(got.Headers) == fmt.Sprint(want.Headers) && got.ReplayTo == want.ReplayTo &&
+		got.Shards == want.Shards && got.Shard == want.Shard
+}
+
+// readBack reads n messages through Subscribe (consumer "reader").
+func readBack(ctx context.Context, t *testing.T, b broker.Broker, n int) []broker.Message {
+	t.Helper()
 	var (
 		mu  sync.Mutex
 		got []broker.Message
@@ -73,7 +92,7 @@ func RoundTrip(t *testing.T, b broker.Broker, msgs []broker.Message) {
 			mu.Lock()
 			defer mu.Unlock()
 			got = append(got, m)
-			if len(got) == len(msgs) {
+			if len(got) == n {
 				stop()
 			}
 			return nil
@@ -87,18 +106,55 @@ func RoundTrip(t *testing.T, b broker.Broker, msgs []broker.Message) {
 	case <-ctx.Done():
 		mu.Lock()
 		defer mu.Unlock()
-		t.Fatalf("received %d of %d messages before the deadline", len(got), len(msgs))
+		t.Fatalf("received %d of %d messages before the deadline", len(got), n)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(got) != len(msgs) {
-		t.Fatalf("received %d messages, want %d", len(got), len(msgs))
+	if len(got) != n {
+		t.Fatalf("received %d messages, want %d", len(got), n)
 	}
+	return got
+}
+
+// ForgedHeaders are producer headers under names the system reserves
+// (broker.ReservedHeader), as a row another writer put straight into
+// outbox_event may carry, and one of the producer's own ("X-Kept").
+func ForgedHeaders() map[string]string {
+	return map[string]string{
+		broker.HeaderEventID:      "order-42",     // two events with one value were deduplicated as one (NATS)
+		broker.HeaderReplayTo:     "billing",      // every other consumer acknowledged the event unapplied (NATS)
+		"sluice-replay-to":        "billing",      // in any case
+		broker.HeaderAggregateSeq: "99",           // replaced the event's own (RabbitMQ)
+		broker.HeaderAggregateID:  "someone-else", // as above
+		broker.HeaderEventType:    "forged.v1",
+		broker.HeaderShard:        "1/2",
+		"Sluice-Topic":            "elsewhere", // RabbitMQ's own
+		"Nats-Expected-Stream":    "ANOTHER",   // JetStream refused the publish
+		"CC":                      "elsewhere", // RabbitMQ closed the publishing channel
+		"X-Kept":                  "the producer's own",
+	}
+}
+
+// ProducerHeadersCannotPassForTheSystems publishes two events of one
+// aggregate carrying ForgedHeaders and reads them back through Subscribe
+// (consumer "reader"): each arrives with its own id, aggregate, sequence,
+// type and topic, for every consumer, and with only the producer's header
+// that the system does not reserve.
+func ProducerHeadersCannotPassForTheSystems(t *testing.T, b broker.Broker) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	msgs := Messages(2, 1)
+	for i := range msgs {
+		msgs[i].Headers = ForgedHeaders()
+		if err := b.Publish(ctx, msgs[i]); err != nil {
+			t.Fatalf("publish %s with reserved header names among its producer headers: %v", msgs[i].ID, err)
+		}
+	}
+	got := readBack(ctx, t, b, len(msgs))
 	for i, m := range msgs {
-		g := got[i]
-		if g.ID != m.ID || g.Topic != m.Topic || g.AggregateType != m.AggregateType || g.AggregateID != m.AggregateID ||
-			g.AggregateSeq != m.AggregateSeq || g.EventType != m.EventType || string(g.Payload) != string(m.Payload) ||
-			fmt.Sprint(g.Headers) != fmt.Sprint(m.Headers) {
+		m.Headers = map[string]string{"X-Kept": "the producer's own"}
+		if g := got[i]; !same(g, m) {
 			t.Fatalf("message %d: got %+v, want %+v", i, g, m)
 		}
 	}

@@ -124,6 +124,19 @@ func (n *JetStream) ensureStream(ctx context.Context) error {
 		n.log.Warn("broker: the stream's duplicate window is shorter than Sluice's default; a relay's republish after a crash may be stored twice (consumers' inboxes absorb it)",
 			"stream", n.stream, "duplicates", cfg.Duplicates, "default", want)
 	}
+	// The relay marks an event published on JetStream's ack: what the
+	// stream's own settings make of that ack is said here. Whether the
+	// server syncs each write (sync_interval: always) no client can read,
+	// so a single-replica file stream goes unmentioned (README, "NATS
+	// JetStream").
+	switch {
+	case cfg.Storage == jetstream.MemoryStorage:
+		n.log.Warn("broker: the stream keeps messages in memory: events the outbox marks published are lost when the NATS server stops (create it with file storage)",
+			"stream", n.stream)
+	case cfg.PersistMode == jetstream.AsyncPersistMode:
+		n.log.Warn("broker: the stream acknowledges writes before they are stored (persist mode async): events the outbox marks published can be lost when the NATS server stops or its host crashes",
+			"stream", n.stream)
+	}
 	return nil
 }
 
@@ -373,7 +386,8 @@ func connectionLost(err error) bool {
 // publish, with Nats-Msg-Id "<id>.replay.<n>" (the stream's duplicate window
 // would drop the event id itself if it was published in the last two
 // minutes, and still drops a relay's republish of the same replay) and the
-// event id in Sluice-Event-Id, which the consumer reads as the message id.
+// event id in Sluice-Event-Id for consumers of one's own; this adapter reads
+// it back from Nats-Msg-Id (fromNATS).
 // A replay for one consumer carries its name in Sluice-Replay-To: every
 // durable consumer reads the stream's subjects, so the others receive the
 // message too and acknowledge it without handling it (Subscribe). The price
@@ -385,8 +399,15 @@ func (n *JetStream) natsMsg(msg broker.Message) *nats.Msg {
 		subject = n.ShardSubject(msg.Shards, msg.Shard, msg.Topic)
 	}
 	m := nats.NewMsg(subject)
+	// The producer's headers first, but none of the names the system
+	// reserves: the system's own are set after them or left unset, so a row
+	// another writer put straight into the outbox can neither pass for them
+	// (a Sluice-Replay-To, a Sluice-Event-Id) nor steer JetStream (a
+	// Nats-Expected-Stream refused the publish, a Nats-Rollup purges).
 	for k, v := range msg.Headers {
-		m.Header.Set(k, v)
+		if !broker.ReservedHeader(k) {
+			m.Header.Set(k, v)
+		}
 	}
 	if msg.Shards > 0 {
 		m.Header.Set(broker.HeaderShard, strconv.Itoa(msg.Shard)+"/"+strconv.Itoa(msg.Shards))
@@ -483,21 +504,27 @@ func (n *JetStream) consume(ctx context.Context, consumer string, h broker.Handl
 	}
 }
 
+// fromNATS reads a stored message back. What the system decides comes
+// from what only the system sets: the event id from Nats-Msg-Id (a replay's
+// "<id>.replay.<n>" gives <id>; Sluice-Event-Id says the same for other
+// readers), a replay's target only on a replay, the shard only when the
+// subject carries its tokens. A message stored before producers' reserved
+// headers were dropped on publish then still reads as the system sent it;
+// such headers are never handed on as the producer's.
 func fromNATS(jm jetstream.Msg) broker.Message {
 	h := jm.Headers()
 	seq, _ := strconv.ParseInt(h.Get(broker.HeaderAggregateSeq), 10, 64)
-	id := h.Get(broker.HeaderEventID)
-	if id == "" {
-		id = h.Get(jetstream.MsgIDHeader)
-	}
+	id, replay := replayOf(h.Get(jetstream.MsgIDHeader))
 	msg := broker.Message{
 		ID:            id,
-		ReplayTo:      h.Get(broker.HeaderReplayTo),
 		AggregateType: h.Get(broker.HeaderAggregateType),
 		AggregateID:   h.Get(broker.HeaderAggregateID),
 		AggregateSeq:  seq,
 		EventType:     h.Get(broker.HeaderEventType),
 		Payload:       jm.Data(),
+	}
+	if replay {
+		msg.ReplayTo = h.Get(broker.HeaderReplayTo)
 	}
 	if i := strings.IndexByte(jm.Subject(), '.'); i >= 0 {
 		msg.Topic = jm.Subject()[i+1:]
@@ -505,15 +532,16 @@ func fromNATS(jm jetstream.Msg) broker.Message {
 	if sh := h.Get(broker.HeaderShard); sh != "" {
 		// "<shard>/<shards>": the subject's shard tokens are not the topic.
 		if a, b, ok := strings.Cut(sh, "/"); ok {
-			msg.Shard, _ = strconv.Atoi(a)
-			msg.Shards, _ = strconv.Atoi(b)
-			msg.Topic = strings.TrimPrefix(msg.Topic, broker.ShardToken(msg.Shards, msg.Shard)+".")
+			shard, _ := strconv.Atoi(a)
+			shards, _ := strconv.Atoi(b)
+			if token := broker.ShardToken(shards, shard) + "."; strings.HasPrefix(msg.Topic, token) {
+				msg.Shard, msg.Shards = shard, shards
+				msg.Topic = strings.TrimPrefix(msg.Topic, token)
+			}
 		}
 	}
 	for k := range h {
-		switch k {
-		case jetstream.MsgIDHeader, broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType,
-			broker.HeaderShard, broker.HeaderEventID, broker.HeaderReplayTo:
+		if broker.ReservedHeader(k) {
 			continue
 		}
 		if msg.Headers == nil {
@@ -522,6 +550,16 @@ func fromNATS(jm jetstream.Msg) broker.Message {
 		msg.Headers[k] = h.Get(k)
 	}
 	return msg
+}
+
+// replayOf reads a Nats-Msg-Id: a replay's "<id>.replay.<n>" (natsMsg) is
+// event id <id>, any other is the event id itself.
+func replayOf(msgID string) (id string, replay bool) {
+	base, n, ok := strings.Cut(msgID, ".replay.")
+	if !ok || n == "" || strings.Trim(n, "0123456789") != "" {
+		return msgID, false
+	}
+	return base, true
 }
 
 // SubscribeShard reads one shard in stream order through an ordered

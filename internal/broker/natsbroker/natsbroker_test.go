@@ -3,11 +3,14 @@ package natsbroker_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-dev/sluice/internal/broker"
@@ -15,6 +18,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/broker/natsbroker"
 	"github.com/sluice-dev/sluice/internal/broker/natsbroker/natstest"
 	"github.com/sluice-dev/sluice/internal/broker/natsembedded"
+	"github.com/sluice-dev/sluice/internal/testkit"
 )
 
 func startNATS(t *testing.T) *natsembedded.Server {
@@ -42,6 +46,59 @@ func TestRoundTrip(t *testing.T) {
 	srv := startNATS(t)
 	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
 	brokertest.RoundTrip(t, b, brokertest.Messages(200, 7))
+}
+
+// A producer's headers under names the system reserves (a row another
+// writer put straight into the outbox) are not published: the consumer
+// reads the event's own id and aggregate, and no replay target. Until 7
+// December a Sluice-Replay-To had every other consumer acknowledge the
+// event unapplied, a Sluice-Event-Id deduplicated two events as one, and a
+// Nats-Expected-Stream made JetStream refuse the publish.
+func TestProducerHeadersCannotPassForTheSystems(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	brokertest.ProducerHeadersCannotPassForTheSystems(t, b)
+}
+
+// A message already in the stream whose producer headers used reserved
+// names (published before they were dropped) reads as the system sent it:
+// its event id from Nats-Msg-Id, no replay target (only a replay carries
+// one), and none of those headers handed on as the producer's.
+func TestAStoredMessageReadsTheSystemsValuesOnly(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	ctx := context.Background()
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	want := brokertest.Messages(1, 1)[0]
+	m := nats.NewMsg(b.Subject(want.Topic))
+	for k, v := range brokertest.ForgedHeaders() {
+		m.Header.Set(k, v)
+	}
+	m.Header.Del("Nats-Expected-Stream")
+	m.Header.Set(jetstream.MsgIDHeader, want.ID)
+	m.Header.Set(broker.HeaderAggregateType, want.AggregateType)
+	m.Header.Set(broker.HeaderAggregateID, want.AggregateID)
+	m.Header.Set(broker.HeaderAggregateSeq, strconv.FormatInt(want.AggregateSeq, 10))
+	m.Header.Set(broker.HeaderEventType, want.EventType)
+	m.Data = want.Payload
+	if _, err := natstest.Admin(t, srv.ClientURL()).PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	var got broker.Message
+	if err := b.Subscribe(sctx, "reader", func(_ context.Context, m broker.Message) error {
+		got = m
+		cancel()
+		return nil
+	}); err != nil || got.ID == "" {
+		t.Fatalf("Subscribe = %v, read %+v; want the message", err, got)
+	}
+	want.Headers = map[string]string{"X-Kept": "the producer's own"}
+	if got.ID != want.ID || got.ReplayTo != "" || got.Shards != 0 || got.Topic != want.Topic || fmt.Sprint(got.Headers) != fmt.Sprint(want.Headers) {
+		t.Fatalf("read %+v, want %+v", got, want)
+	}
 }
 
 func TestOpenRejectsAnInvalidNamespace(t *testing.T) {
@@ -578,6 +635,48 @@ func TestShardReaderAfterTheStreamIsCreatedAgain(t *testing.T) {
 // Open leaves an existing stream as the operator tuned it (here a MaxAge
 // and a message limit), and refuses, saying what to do, a stream of the
 // same name that does not capture the namespace's subjects.
+// The relay marks an event published on JetStream's ack. A stream an
+// operator created that does not store what it acknowledges (memory
+// storage, or persist mode async) is named in a warning at start; the
+// stream Sluice creates (file storage) is not.
+func TestOpenWarnsOfAStreamThatDoesNotStoreWhatItAcknowledges(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	ctx := context.Background()
+	js := natstest.Admin(t, srv.ClientURL())
+	for name, c := range map[string]struct {
+		cfg  func(ns string) *jetstream.StreamConfig // nil: Open creates it
+		warn string
+	}{
+		"memory": {func(ns string) *jetstream.StreamConfig {
+			return &jetstream.StreamConfig{Storage: jetstream.MemoryStorage}
+		}, "in memory"},
+		"async": {func(ns string) *jetstream.StreamConfig {
+			return &jetstream.StreamConfig{Storage: jetstream.FileStorage, PersistMode: jetstream.AsyncPersistMode}
+		}, "persist mode async"},
+		"Sluice's own": {nil, ""},
+	} {
+		ns := brokertest.Namespace(t)
+		if c.cfg != nil {
+			cfg := c.cfg(ns)
+			cfg.Name, cfg.Subjects = strings.ToUpper(ns), []string{ns + ".>"}
+			if _, err := js.CreateStream(ctx, *cfg); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+		var logs testkit.Buffer
+		b, err := natsbroker.Open(ctx, srv.ClientURL(), broker.Options{Namespace: ns, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		b.Close()
+		got := logs.String()
+		if c.warn == "" && strings.Contains(got, "level=WARN") || c.warn != "" && !strings.Contains(got, c.warn) {
+			t.Errorf("%s stream: Open logged %q, want a warning saying %q", name, got, c.warn)
+		}
+	}
+}
+
 func TestOpenKeepsTheOperatorsStreamSettings(t *testing.T) {
 	t.Parallel()
 	srv := startNATS(t)

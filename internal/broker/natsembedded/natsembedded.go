@@ -13,7 +13,8 @@ import (
 )
 
 // Server is an in-process NATS server with JetStream, listening on 127.0.0.1
-// and storing under a folder the caller owns.
+// and storing under a folder the caller owns, each write synced to disk
+// before it is acknowledged.
 type Server struct {
 	srv *server.Server
 }
@@ -34,8 +35,16 @@ func StartAt(dir string, port int) (*Server, error) {
 		Port:      port,
 		JetStream: true,
 		StoreDir:  dir,
-		NoLog:     true,
-		NoSigs:    true,
+		// A publish is acknowledged once its message is on disk: the relay
+		// marks an event published on that acknowledgement (a nil error
+		// means stored), and its stream has one replica. By default
+		// JetStream syncs every two minutes, so until 7 December an OS
+		// crash or a power cut could lose up to two minutes of events the
+		// outbox called published (a killed process loses nothing: the
+		// writes are in the page cache). The price is a sync per write.
+		SyncAlways: true,
+		NoLog:      true,
+		NoSigs:     true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("natsembedded: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -310,4 +311,145 @@ func TestPublishBatchSendsNoWindowAfterTheTimeout(t *testing.T) {
 		q, err := ch.QueueDeclarePassive(r.Queue("reader"), true, false, false, false, nil)
 		return err == nil && q.Messages == publishWindow
 	})
+}
+
+// A message AMQP cannot carry (a header name or an event type over 255
+// bytes, headers larger than the connection's frame size; a row another
+// writer put in the outbox can hold any of them) fails alone and unsent, as
+// its own failure (ErrOverAMQPLimit, never ErrUnavailable); the batch's
+// other messages are stored, once each. Until 7 December the client failed
+// the frame write and closed the connection: every confirm in flight read
+// as the broker's nack ("a queue is full"), the whole batch was given back
+// and the relay paused, though the messages before the bad one were
+// enqueued (sent again later: duplicates).
+func TestAMessageOverAnAMQPLimitFailsAloneUnsent(t *testing.T) {
+	t.Parallel()
+	r := open(t, broker.Options{})
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	msgs := brokertest.Messages(7, 7)
+	msgs[1].Headers = map[string]string{strings.Repeat("k", 256): "v"}
+	msgs[3].EventType = strings.Repeat("t", 256)
+	msgs[5].Headers = map[string]string{"Big": strings.Repeat("v", 200_000)} // the default frame is 128 KiB
+	bad := map[int]bool{1: true, 3: true, 5: true}
+	errs := r.PublishBatch(ctx, msgs)
+	for i, err := range errs {
+		if bad[i] != errors.Is(err, ErrOverAMQPLimit) || errors.Is(err, broker.ErrUnavailable) || (!bad[i] && err != nil) {
+			t.Errorf("message %d: %v", i, err)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	// The connection carried on: the next publish needs no new one.
+	r.mu.Lock()
+	conn := r.conn
+	r.mu.Unlock()
+	if err := r.Publish(ctx, brokertest.Messages(8, 8)[7]); err != nil || conn.IsClosed() {
+		t.Fatalf("a publish after the refusals: %v (connection closed: %v)", err, conn.IsClosed())
+	}
+	var got []string
+	subCtx, stop := context.WithCancel(ctx)
+	if err := r.Subscribe(subCtx, "reader", func(_ context.Context, m broker.Message) error {
+		if got = append(got, m.ID); len(got) == 5 {
+			stop()
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{msgs[0].ID, msgs[2].ID, msgs[4].ID, msgs[6].ID, "id-0007"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the queue held %v, want %v", got, want)
+	}
+}
+
+// The frame check counts a message's properties and headers as the client
+// writes them, to AMQP's limit (the frame, its 8 bytes of framing included,
+// within the negotiated frame size; RabbitMQ 3.10 closes the connection 8
+// bytes past it): the largest header value it lets through is carried, one
+// byte more is refused unsent.
+func TestTheFrameCheckIsExact(t *testing.T) {
+	t.Parallel()
+	r := open(t, broker.Options{})
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	frameMax, conn := r.frameMax, r.conn
+	// The next two publishes' tokens, one byte each (base 36).
+	token := strconv.FormatUint(r.sequence+1, 36)
+	r.mu.Unlock()
+	msg := brokertest.Messages(1, 1)[0]
+	fits := func(n int) bool {
+		m := msg
+		m.Headers = map[string]string{"Big": strings.Repeat("v", n)}
+		_, key, p := r.publishing(m, token)
+		return withinAMQPLimits(key, p, frameMax) == nil
+	}
+	lo, hi := 0, frameMax // fits(lo), !fits(hi)
+	for hi-lo > 1 {
+		if mid := (lo + hi) / 2; fits(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	msg.Headers = map[string]string{"Big": strings.Repeat("v", lo)}
+	if err := r.Publish(ctx, msg); err != nil || conn.IsClosed() {
+		t.Fatalf("the largest value the check lets through (%d bytes, frame size %d): %v (connection closed: %v)", lo, frameMax, err, conn.IsClosed())
+	}
+	msg.Headers = map[string]string{"Big": strings.Repeat("v", lo+1)}
+	if err := r.Publish(ctx, msg); !errors.Is(err, ErrOverAMQPLimit) {
+		t.Fatalf("one byte more: %v, want ErrOverAMQPLimit", err)
+	}
+}
+
+// A confirm the client resolves because the publishing channel closed is
+// not the broker's nack: the outcome is unknown (the message may be
+// enqueued), an outage the relay rides out (broker.ErrUnavailable), and the
+// error says the channel closed and why. Until 7 December it read "RabbitMQ
+// refused (nack) …: a queue it routes to is full". Here the channel closes
+// because the exchange was deleted under the publisher.
+func TestAConfirmLostToAClosedChannelIsUnknownNotANack(t *testing.T) {
+	t.Parallel()
+	r := open(t, broker.Options{})
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	msgs := brokertest.Messages(2, 2)
+	if err := r.Publish(ctx, msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(brokertest.RabbitURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDelete(r.Exchange(), false, false); err != nil {
+		t.Fatal(err)
+	}
+	err = r.Publish(ctx, msgs[1])
+	if !errors.Is(err, broker.ErrUnavailable) || strings.Contains(err.Error(), "nack") || strings.Contains(err.Error(), "full") ||
+		!strings.Contains(err.Error(), "unknown") || !strings.Contains(err.Error(), "NOT_FOUND") {
+		t.Fatalf("publish whose channel the broker closed: %v; want ErrUnavailable, the outcome unknown and the broker's reason, no nack", err)
+	}
+	// The next publish opens a channel and declares the exchange again.
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Publish(ctx, msgs[1]); err != nil {
+		t.Fatalf("publish once the exchange exists again: %v", err)
+	}
 }

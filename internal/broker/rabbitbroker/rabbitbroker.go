@@ -1,6 +1,7 @@
 // Package rabbitbroker is the RabbitMQ adapter of the broker contract:
 // persistent, mandatory publishes to a durable topic exchange with publisher
-// confirms, and durable queues bound to it consumed one message at a time.
+// confirms, and durable single-active-consumer queues bound to it consumed
+// one message at a time.
 package rabbitbroker
 
 import (
@@ -22,6 +23,14 @@ import (
 // ErrUnroutable reports a message the exchange could route to no queue: the
 // broker confirmed it but nobody will ever read it, so it is not published.
 var ErrUnroutable = errors.New("broker: message routed to no queue")
+
+// ErrOverAMQPLimit reports a message an AMQP 0-9-1 connection cannot carry:
+// a short string (routing key, message id, type, a header's name) over 255
+// bytes, or properties and headers over the connection's frame size. The
+// client failed the frame write and closed the connection, with every
+// publish in flight on it; the adapter refuses such a message unsent, as
+// its own failure.
+var ErrOverAMQPLimit = errors.New("broker: the message exceeds an AMQP limit")
 
 // headerPublishID carries a token unique to one Publish call, so a
 // basic.return is matched to the publish that is waiting for it and never to
@@ -49,6 +58,10 @@ type RabbitMQ struct {
 	conn    *amqp.Connection
 	pub     *amqp.Channel
 	returns chan amqp.Return
+	// pubClosed tells why pub closed (closeWatch), frameMax is conn's
+	// negotiated frame size (0: no limit).
+	pubClosed *closeWatch
+	frameMax  int
 	// waiting holds one entry per Publish that is waiting for its confirm,
 	// keyed by its publish token: true once the broker returned that
 	// publish as unroutable. A publish removes its entry whatever its
@@ -211,8 +224,38 @@ func (r *RabbitMQ) channelLocked() (*amqp.Channel, error) {
 	// ack of the same message, so after a confirm the return (if any) is
 	// already in this buffer.
 	r.returns = ch.NotifyReturn(make(chan amqp.Return, returnsBuffer))
+	r.pubClosed = &closeWatch{closes: ch.NotifyClose(make(chan *amqp.Error, 1))}
+	r.frameMax = r.conn.Config.FrameSize
 	r.pub = ch
 	return ch, nil
+}
+
+// closeWatch keeps why one publishing channel closed: the broker's or the
+// connection's error, "" when we closed it or it has not closed.
+type closeWatch struct {
+	closes <-chan *amqp.Error
+	mu     sync.Mutex
+	read   bool
+	reason string
+}
+
+// why is the reason the channel closed. The client hands the reason over
+// before it resolves the channel's pending confirms, so a confirm resolved
+// by the close finds it here.
+func (w *closeWatch) why() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.read {
+		select {
+		case e, ok := <-w.closes:
+			w.read = true
+			if ok && e != nil {
+				w.reason = e.Error()
+			}
+		default:
+		}
+	}
+	return w.reason
 }
 
 // drainReturnsLocked marks the waiting publishes the broker returned and
@@ -291,6 +334,7 @@ func (r *RabbitMQ) publish(ctx context.Context, msgs []broker.Message) []error {
 	out := make([]sent, len(msgs))
 	r.mu.Lock()
 	ch, err := r.channelLocked()
+	closed, frameMax := r.pubClosed, r.frameMax
 	if err == nil {
 		for i := range out {
 			r.sequence++
@@ -328,6 +372,15 @@ func (r *RabbitMQ) publish(ctx context.Context, msgs []broker.Message) []error {
 		o := &out[i]
 		var p amqp.Publishing
 		o.exchange, o.key, p = r.publishing(msg, o.token)
+		if err := withinAMQPLimits(o.key, p, frameMax); err != nil {
+			// Sent, it would close the connection with the window's other
+			// messages in flight: until 7 December one such event (a row
+			// another writer put in the outbox) had its whole batch given
+			// back, the relay paused, and the events before it enqueued
+			// again later.
+			errs[i] = fmt.Errorf("%w: %s not sent: %w", ErrOverAMQPLimit, msg.ID, err)
+			continue
+		}
 		o.dc, err = ch.PublishWithDeferredConfirmWithContext(ctx, o.exchange, o.key, true, false, p)
 		if err != nil {
 			if errors.Is(err, amqp.ErrClosed) {
@@ -367,7 +420,7 @@ func (r *RabbitMQ) publish(ctx context.Context, msgs []broker.Message) []error {
 	for i, o := range out {
 		if o.dc != nil {
 			var counted bool
-			errs[i] = r.confirmed(ctx, wctx, ch, o, msgs[i].ID, func() bool { return answeredAfter(i) }, &counted)
+			errs[i] = r.confirmed(ctx, wctx, ch, closed, o, msgs[i].ID, func() bool { return answeredAfter(i) }, &counted)
 			if counted {
 				own++ // this window's own answer, in r.confirms too
 			}
@@ -379,15 +432,22 @@ func (r *RabbitMQ) publish(ctx context.Context, msgs []broker.Message) []error {
 // publishing is where msg goes and what is sent: MessageId is the event
 // id; the aggregate travels in headers (AMQP has no property for it).
 func (r *RabbitMQ) publishing(msg broker.Message, token string) (exchange, key string, p amqp.Publishing) {
-	headers := amqp.Table{
-		broker.HeaderAggregateType: msg.AggregateType,
-		broker.HeaderAggregateID:   msg.AggregateID,
-		broker.HeaderAggregateSeq:  strconv.FormatInt(msg.AggregateSeq, 10),
-		broker.HeaderEventType:     msg.EventType,
-	}
+	// The producer's headers first, but none of the names the system
+	// reserves, then the system's: until 7 December the producer's were
+	// copied over the aggregate's, so a row another writer put straight
+	// into the outbox could replace Sluice-Aggregate-Seq, and a CC or BCC
+	// header (a string, never the list RabbitMQ reads as routing keys) made
+	// the broker close the publishing channel.
+	headers := make(amqp.Table, len(msg.Headers)+6)
 	for k, v := range msg.Headers {
-		headers[k] = v
+		if !broker.ReservedHeader(k) {
+			headers[k] = v
+		}
 	}
+	headers[broker.HeaderAggregateType] = msg.AggregateType
+	headers[broker.HeaderAggregateID] = msg.AggregateID
+	headers[broker.HeaderAggregateSeq] = strconv.FormatInt(msg.AggregateSeq, 10)
+	headers[broker.HeaderEventType] = msg.EventType
 	headers[headerPublishID] = token
 	// A replay for one consumer goes through the default exchange straight
 	// to that consumer's queue (routing key = queue name; with shards, the
@@ -418,11 +478,63 @@ func (r *RabbitMQ) publishing(msg broker.Message, token string) (exchange, key s
 	}
 }
 
+// amqpShortString is the longest AMQP short string: routing keys, message
+// ids, types and header names are short strings.
+const amqpShortString = 255
+
+// withinAMQPLimits says why the connection could not carry publishing p
+// with routing key key, or nil. frameMax is the connection's negotiated
+// frame size (0: no limit): the content header frame, which carries p's
+// properties and headers, cannot be split, and one larger than frameMax
+// makes the broker close the connection. Its size is counted as amqp091
+// writes the properties publishing sets.
+func withinAMQPLimits(key string, p amqp.Publishing, frameMax int) error {
+	if len(key) > amqpShortString {
+		return fmt.Errorf("its routing key (topic) is %d bytes, more than AMQP's %d", len(key), amqpShortString)
+	}
+	// class id, weight, body size, property flags; then each property set
+	size := 2 + 2 + 8 + 2
+	for _, f := range []struct{ what, v string }{
+		{"content type", p.ContentType}, {"message id", p.MessageId}, {"type (event type)", p.Type},
+	} {
+		if len(f.v) > amqpShortString {
+			return fmt.Errorf("its %s is %d bytes, more than AMQP's %d", f.what, len(f.v), amqpShortString)
+		}
+		if f.v != "" {
+			size += 1 + len(f.v)
+		}
+	}
+	if p.DeliveryMode > 0 {
+		size++
+	}
+	if !p.Timestamp.IsZero() {
+		size += 8
+	}
+	if len(p.Headers) > 0 {
+		size += 4
+		for k, v := range p.Headers {
+			if len(k) > amqpShortString {
+				return fmt.Errorf("its header name %.40q… is %d bytes, more than AMQP's %d", k, len(k), amqpShortString)
+			}
+			s, ok := v.(string)
+			if !ok {
+				return fmt.Errorf("its header %q is not a string", k)
+			}
+			size += 1 + len(k) + 1 + 4 + len(s)
+		}
+	}
+	// A frame is its payload and 8 bytes: type, channel, size, end.
+	if frameMax > 0 && size+8 > frameMax {
+		return fmt.Errorf("its properties and headers take a %d-byte frame, more than the connection's frame size of %d", size+8, frameMax)
+	}
+	return nil
+}
+
 // confirmed waits (on wctx) for one sent message's confirm and says what
 // it means; answered tells whether the broker confirmed anything else
 // since the message was sent.
 // counted is set when the broker's answer was counted in r.confirms.
-func (r *RabbitMQ) confirmed(ctx, wctx context.Context, ch *amqp.Channel, o sent, id string, answered func() bool, counted *bool) error {
+func (r *RabbitMQ) confirmed(ctx, wctx context.Context, ch *amqp.Channel, closed *closeWatch, o sent, id string, answered func() bool, counted *bool) error {
 	acked, err := r.waitConfirm(wctx, o.dc)
 	if err != nil {
 		if errors.Is(context.Cause(wctx), errBlocked) && ctx.Err() == nil {
@@ -450,6 +562,20 @@ func (r *RabbitMQ) confirmed(ctx, wctx context.Context, ch *amqp.Channel, o sent
 		}
 		return fmt.Errorf("broker: confirm of %s: %w", id, err)
 	}
+	if !acked && ch.IsClosed() {
+		// The client resolves the confirms still pending on a channel
+		// that closes as not acknowledged, before or without any answer
+		// of the broker's: read as the broker's nack ("a queue is full"),
+		// a connection cut with a window in flight looked like a full
+		// queue. The outcome is unknown: the message may be enqueued, and
+		// is sent again later (the consumers' inboxes drop a duplicate).
+		reason := closed.why()
+		if reason == "" {
+			reason = "no reason given"
+		}
+		return fmt.Errorf("%w: RabbitMQ's answer to %s is unknown: the publishing channel closed before it came (%s); the message may be enqueued",
+			broker.ErrUnavailable, id, reason)
+	}
 	r.confirms.Add(1)
 	*counted = true
 	if !acked {
@@ -473,19 +599,44 @@ func (r *RabbitMQ) confirmed(ctx, wctx context.Context, ch *amqp.Channel, o sent
 	return nil
 }
 
+// ErrQueueNotSingleActive reports a consumer's queue declared without
+// single active consumer, as Sluice declared it until 7 December. Two
+// consumers of such a queue lost effects: while one retried seq k of an
+// aggregate in place (broker.HandleInPlace), the other took seq k+1, and
+// the inbox then dropped seq k as stale. RabbitMQ cannot change a queue's
+// arguments in place, so the queue must be drained and deleted once
+// (README, "RabbitMQ consumers").
+var ErrQueueNotSingleActive = errors.New("broker: the consumer's queue was declared without single active consumer")
+
+// singleActiveConsumer makes RabbitMQ deliver a queue to one consumer at a
+// time and, when that consumer goes, hand the queue (its unacknowledged
+// messages requeued in order first) to the next. A prefetch of one (Qos)
+// bounds each channel, not the queue: without it, every process consuming
+// one name (a second replica, a rolling restart's new process, a standby)
+// took the next message while the first retried its own.
+var singleActiveConsumer = amqp.Table{"x-single-active-consumer": true}
+
 // DeclareQueue declares consumer's durable queue bound to every topic of the
-// exchange. Subscribe does it too; call it first when publishing may start
-// before the consumer does (mandatory publishes to no queue are refused).
+// exchange, single-active-consumer. Subscribe does it too; call it first
+// when publishing may start before the consumer does (mandatory publishes
+// to no queue are refused). A queue of that name declared without single
+// active consumer is ErrQueueNotSingleActive.
 func (r *RabbitMQ) DeclareQueue(consumer string) error {
 	if err := broker.ValidateConsumer(consumer); err != nil {
 		return err
 	}
-	return r.onSideChannel(func(ch *amqp.Channel) error { return r.declareQueue(ch, consumer) })
+	return r.onSideChannel(func(conn *amqp.Connection, ch *amqp.Channel) error { return r.declareQueue(conn, ch, consumer) })
 }
 
-func (r *RabbitMQ) declareQueue(ch *amqp.Channel, consumer string) error {
+func (r *RabbitMQ) declareQueue(conn *amqp.Connection, ch *amqp.Channel, consumer string) error {
 	q := r.Queue(consumer)
-	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+	if _, err := ch.QueueDeclare(q, true, false, false, false, singleActiveConsumer); err != nil {
+		if declaredWithoutSingleActive(conn, q, err) {
+			return fmt.Errorf("%w: queue %s. Stop publishing into it (stop the relays, or console outbox pause every topic), "+
+				"let one consumer of the previous release drain it to 0 messages, stop it, delete the queue "+
+				"(rabbitmqctl delete_queue %s), start console consume again (it declares the queue anew), then the relays "+
+				"(README, RabbitMQ consumers): %w", ErrQueueNotSingleActive, q, q, err)
+		}
 		return fmt.Errorf("broker: declare queue %s: %w", q, err)
 	}
 	if err := ch.QueueBind(q, "#", r.exchange, false, nil); err != nil {
@@ -494,16 +645,26 @@ func (r *RabbitMQ) declareQueue(ch *amqp.Channel, consumer string) error {
 	return nil
 }
 
-// Subscribe consumes consumer's durable queue one message at a time (so
-// per-aggregate order is kept) until ctx ends, reconnecting after a lost
-// connection. Each failure to consume (no connection, queue declaration
-// refused, session cut) is logged and followed by a pause, 500ms doubling to
-// 30s; a session that got as far as consuming resets both the pause and the
-// count. After Options.MaxConsumeFailures failures in a row Subscribe
+// Subscribe consumes consumer's durable queue one message at a time, and
+// only while RabbitMQ makes this subscriber the queue's single active
+// consumer (so per-aggregate order is kept however many processes consume
+// one name: the others wait as standbys), until ctx ends, reconnecting
+// after a lost connection. A queue declared without single active consumer
+// (ErrQueueNotSingleActive) is refused at once. Each failure to consume
+// (no connection, queue declaration refused, session cut) is logged and
+// followed by a pause, 500ms doubling to 30s; a session that got as far as
+// consuming resets both the pause and the count. After Options.MaxConsumeFailures failures in a row Subscribe
 // returns the last one, so the consumer stops visibly (the console's
 // consume subcommand exits non-zero) instead of retrying in silence.
 func (r *RabbitMQ) Subscribe(ctx context.Context, consumer string, h broker.Handler) error {
 	if err := broker.ValidateConsumer(consumer); err != nil {
+		return err
+	}
+	// A queue an earlier release declared stays as it is whatever the
+	// retries: say so at start rather than after MaxConsumeFailures tries
+	// (or never, with retries unbounded). Any other failure here is the
+	// first session's to meet and report.
+	if err := r.DeclareQueue(consumer); errors.Is(err, ErrQueueNotSingleActive) {
 		return err
 	}
 	return broker.RetryConsume(ctx, r.log, r.maxFailures, "RabbitMQ", "queue", r.Queue(consumer), func(ctx context.Context) (bool, error) {
@@ -525,13 +686,14 @@ func (r *RabbitMQ) consume(ctx context.Context, consumer string, h broker.Handle
 		r.mu.Unlock()
 		return false, err
 	}
-	ch, err := r.conn.Channel()
+	conn := r.conn
+	ch, err := conn.Channel()
 	r.mu.Unlock()
 	if err != nil {
 		return false, fmt.Errorf("broker: open channel: %w", err)
 	}
 	defer ch.Close()
-	if err := r.declareQueue(ch, consumer); err != nil {
+	if err := r.declareQueue(conn, ch, consumer); err != nil {
 		return false, err
 	}
 	if err := ch.Qos(1, 0, false); err != nil {
@@ -570,36 +732,52 @@ func (r *RabbitMQ) consume(ctx context.Context, consumer string, h broker.Handle
 	}
 }
 
+// fromAMQP reads a delivery back. What the system decides comes from what
+// only the system sets: the event id is the MessageId property, a replay's
+// topic and target count only on a message that came through the default
+// exchange (where publishing sends a replay for one consumer), and the
+// shard only when the routing key carries its tokens. A message queued before
+// producers' reserved headers were dropped on publish then still reads as
+// the system sent it; such headers are never handed on as the producer's.
 func fromAMQP(d amqp.Delivery) broker.Message {
 	str := func(k string) string {
 		s, _ := d.Headers[k].(string)
 		return s
 	}
 	seq, _ := strconv.ParseInt(str(broker.HeaderAggregateSeq), 10, 64)
-	topic := d.RoutingKey
-	if t := str(headerTopic); t != "" {
-		topic = t
-	}
 	msg := broker.Message{
 		ID:            d.MessageId,
-		Topic:         topic,
-		ReplayTo:      str(broker.HeaderReplayTo),
+		Topic:         d.RoutingKey,
 		AggregateType: str(broker.HeaderAggregateType),
 		AggregateID:   str(broker.HeaderAggregateID),
 		AggregateSeq:  seq,
 		EventType:     d.Type,
 		Payload:       d.Body,
 	}
-	if a, b, ok := strings.Cut(str(broker.HeaderShard), "/"); ok {
+	shard, shards := 0, 0
+	a, b, sharded := strings.Cut(str(broker.HeaderShard), "/")
+	if sharded {
+		shard, _ = strconv.Atoi(a)
+		shards, _ = strconv.Atoi(b)
+	}
+	switch token := broker.ShardToken(shards, shard) + "."; {
+	case d.Exchange == "":
+		// A replay for one consumer, sent straight to its queue: the
+		// routing key is the queue's name.
+		if t := str(headerTopic); t != "" {
+			msg.Topic = t
+		}
+		msg.ReplayTo = str(broker.HeaderReplayTo)
+		if sharded {
+			msg.Shard, msg.Shards = shard, shards
+		}
+	case sharded && strings.HasPrefix(msg.Topic, token):
 		// The routing key's shard tokens are not the topic.
-		msg.Shard, _ = strconv.Atoi(a)
-		msg.Shards, _ = strconv.Atoi(b)
-		msg.Topic = strings.TrimPrefix(msg.Topic, broker.ShardToken(msg.Shards, msg.Shard)+".")
+		msg.Shard, msg.Shards = shard, shards
+		msg.Topic = strings.TrimPrefix(msg.Topic, token)
 	}
 	for k, v := range d.Headers {
-		switch k {
-		case broker.HeaderAggregateType, broker.HeaderAggregateID, broker.HeaderAggregateSeq, broker.HeaderEventType, headerPublishID,
-			broker.HeaderShard, headerTopic, broker.HeaderReplayTo:
+		if broker.ReservedHeader(k) {
 			continue
 		}
 		if s, ok := v.(string); ok {
@@ -615,7 +793,7 @@ func fromAMQP(d amqp.Delivery) broker.Message {
 // DeleteShardQueues removes the shard queues of consumer (tests and the
 // bench clean up with it).
 func (r *RabbitMQ) DeleteShardQueues(consumer string, shards int) error {
-	return r.onSideChannel(func(ch *amqp.Channel) error {
+	return r.onSideChannel(func(_ *amqp.Connection, ch *amqp.Channel) error {
 		for s := range shards {
 			if _, err := ch.QueueDelete(r.ShardQueue(consumer, shards, s), false, false, false); err != nil {
 				return fmt.Errorf("broker: delete queue %s: %w", r.ShardQueue(consumer, shards, s), err)
@@ -638,7 +816,7 @@ func (r *RabbitMQ) DeclareShardQueues(consumer string, shards int) error {
 	if err := broker.ValidateConsumer(consumer); err != nil {
 		return err
 	}
-	return r.onSideChannel(func(ch *amqp.Channel) error {
+	return r.onSideChannel(func(_ *amqp.Connection, ch *amqp.Channel) error {
 		for s := range shards {
 			if err := r.declareShardQueue(ch, consumer, shards, s); err != nil {
 				return err
@@ -785,7 +963,7 @@ func (r *RabbitMQ) Close() error {
 // DeleteQueue removes consumer's queue, keeping the exchange (tests and the
 // bench clean up with it).
 func (r *RabbitMQ) DeleteQueue(consumer string) error {
-	return r.onSideChannel(func(ch *amqp.Channel) error {
+	return r.onSideChannel(func(_ *amqp.Connection, ch *amqp.Channel) error {
 		if _, err := ch.QueueDelete(r.Queue(consumer), false, false, false); err != nil {
 			return fmt.Errorf("broker: delete queue %s: %w", r.Queue(consumer), err)
 		}
@@ -796,7 +974,7 @@ func (r *RabbitMQ) DeleteQueue(consumer string) error {
 // DeleteNamespace removes the exchange and the queues of consumers (tests
 // and the demo clean up after themselves with it).
 func (r *RabbitMQ) DeleteNamespace(consumers ...string) error {
-	return r.onSideChannel(func(ch *amqp.Channel) error {
+	return r.onSideChannel(func(_ *amqp.Connection, ch *amqp.Channel) error {
 		for _, c := range consumers {
 			if _, err := ch.QueueDelete(r.Queue(c), false, false, false); err != nil {
 				return fmt.Errorf("broker: delete queue %s: %w", r.Queue(c), err)
@@ -812,7 +990,7 @@ func (r *RabbitMQ) DeleteNamespace(consumers ...string) error {
 // onSideChannel runs fn on a channel of its own (declarations and deletions
 // that fail close their channel, so they never use the publishing one),
 // under the lock and on a live connection.
-func (r *RabbitMQ) onSideChannel(fn func(ch *amqp.Channel) error) error {
+func (r *RabbitMQ) onSideChannel(fn func(conn *amqp.Connection, ch *amqp.Channel) error) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, err := r.channelLocked(); err != nil {
@@ -823,5 +1001,27 @@ func (r *RabbitMQ) onSideChannel(fn func(ch *amqp.Channel) error) error {
 		return fmt.Errorf("broker: open channel: %w", err)
 	}
 	defer ch.Close()
-	return fn(ch)
+	return fn(r.conn, ch)
+}
+
+// declaredWithoutSingleActive says whether err, the refusal of queue q's
+// single-active-consumer declaration, is because q exists as earlier
+// releases declared it: durable, without arguments. RabbitMQ refuses a
+// declaration whose arguments differ from the queue's (406
+// PRECONDITION_FAILED), in either direction, so declaring q as it used to
+// be succeeds only on such a queue; any other difference (not durable,
+// other arguments) fails that too, and the first error stands. The refusal
+// closed the declaring channel: the probe takes a channel of its own.
+func declaredWithoutSingleActive(conn *amqp.Connection, q string, err error) bool {
+	var aerr *amqp.Error
+	if !errors.As(err, &aerr) || aerr.Code != amqp.PreconditionFailed {
+		return false
+	}
+	ch, cerr := conn.Channel()
+	if cerr != nil {
+		return false
+	}
+	defer ch.Close()
+	_, perr := ch.QueueDeclare(q, true, false, false, false, nil)
+	return perr == nil
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +63,71 @@ func TestRetriesAFailedEffectInPlace(t *testing.T) {
 	brokertest.RetriesInPlace(t, r)
 }
 
+// A producer's headers under names the system reserves (a row another
+// writer put straight into the outbox) are not published: the consumer
+// reads the event's own aggregate and sequence. Until 7 December they were
+// copied over the system's (Sluice-Aggregate-Seq replaced), and a CC header
+// made RabbitMQ close the publishing channel.
+func TestProducerHeadersCannotPassForTheSystems(t *testing.T) {
+	t.Parallel()
+	r := openRabbit(t, broker.Options{})
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	brokertest.ProducerHeadersCannotPassForTheSystems(t, r)
+}
+
+// A message already queued whose producer headers used reserved names
+// (published before they were dropped) reads as the system sent it: its
+// topic from the routing key and no replay target (only a message sent
+// straight to the queue, a replay for one consumer, has them in headers),
+// and none of those headers handed on as the producer's.
+func TestAQueuedMessageReadsTheSystemsValuesOnly(t *testing.T) {
+	t.Parallel()
+	r := openRabbit(t, broker.Options{})
+	if err := r.DeclareQueue("reader"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(brokertest.RabbitURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := brokertest.Messages(1, 1)[0]
+	headers := amqp.Table{}
+	for k, v := range brokertest.ForgedHeaders() {
+		headers[k] = v
+	}
+	delete(headers, "CC")
+	headers[broker.HeaderAggregateType] = want.AggregateType
+	headers[broker.HeaderAggregateID] = want.AggregateID
+	headers[broker.HeaderAggregateSeq] = strconv.FormatInt(want.AggregateSeq, 10)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := ch.PublishWithContext(ctx, r.Exchange(), want.Topic, false, false, amqp.Publishing{
+		MessageId: want.ID, Type: want.EventType, Headers: headers, Body: want.Payload,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var got broker.Message
+	if err := r.Subscribe(ctx, "reader", func(_ context.Context, m broker.Message) error {
+		got = m
+		cancel()
+		return nil
+	}); err != nil || got.ID == "" {
+		t.Fatalf("Subscribe = %v, read %+v; want the message", err, got)
+	}
+	want.Headers = map[string]string{"X-Kept": "the producer's own"}
+	if got.ID != want.ID || got.ReplayTo != "" || got.Shards != 0 || got.Topic != want.Topic || got.AggregateSeq != want.AggregateSeq ||
+		fmt.Sprint(got.Headers) != fmt.Sprint(want.Headers) {
+		t.Fatalf("read %+v, want %+v", got, want)
+	}
+}
+
 // With no queue bound, the broker confirms the publish but routes it
 // nowhere; the publisher reports that instead of claiming success.
 func TestRefusesUnroutable(t *testing.T) {
@@ -109,8 +176,8 @@ func TestSubscribeReportsConsumeFailures(t *testing.T) {
 		t.Fatalf("Subscribe retried until the test's deadline: %v\n%s", err, logs.String())
 	}
 	var aerr *amqp.Error
-	if !errors.As(err, &aerr) || aerr.Code != amqp.PreconditionFailed {
-		t.Fatalf("Subscribe = %v, want the broker's PRECONDITION_FAILED", err)
+	if !errors.As(err, &aerr) || aerr.Code != amqp.PreconditionFailed || errors.Is(err, rabbitbroker.ErrQueueNotSingleActive) {
+		t.Fatalf("Subscribe = %v, want the broker's PRECONDITION_FAILED (a queue that is not durable is not an earlier release's)", err)
 	}
 	if !strings.Contains(err.Error(), "3 times in a row") || calls != 0 {
 		t.Fatalf("Subscribe = %v after %d handler calls, want 3 failures in a row and none", err, calls)
@@ -128,6 +195,61 @@ func TestSubscribeReportsConsumeFailures(t *testing.T) {
 		if !strings.Contains(lines[i], w) || !strings.Contains(lines[i], "PRECONDITION_FAILED") {
 			t.Fatalf("log line %d:\n%s\nwant it to contain\n%s\nand the broker's error", i, lines[i], w)
 		}
+	}
+}
+
+// A consumer's queue declared as releases before 7 December declared it
+// (durable, without single active consumer) cannot be changed in place,
+// and consuming it would let two processes of one name share an
+// aggregate's events again. Subscribe refuses it at start, even with
+// retries unbounded, with an error that says what to do; the queue and
+// what it holds are left as they are.
+func TestAQueueWithoutSingleActiveConsumerIsRefusedAtStart(t *testing.T) {
+	t.Parallel()
+	r := openRabbit(t, broker.Options{MaxConsumeFailures: -1})
+	conn, err := amqp.Dial(brokertest.RabbitURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(r.Queue("reader"), true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(r.Queue("reader"), "#", r.Exchange(), false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Publish(context.Background(), brokertest.Messages(1, 1)[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	calls := 0
+	err = r.Subscribe(ctx, "reader", func(context.Context, broker.Message) error {
+		calls++
+		return nil
+	})
+	if ctx.Err() != nil {
+		t.Fatalf("Subscribe retried until the test's deadline: %v", err)
+	}
+	if !errors.Is(err, rabbitbroker.ErrQueueNotSingleActive) || calls != 0 {
+		t.Fatalf("Subscribe = %v after %d handler calls, want ErrQueueNotSingleActive and none", err, calls)
+	}
+	for _, want := range []string{r.Queue("reader"), "drain", "rabbitmqctl delete_queue " + r.Queue("reader"), "README"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("Subscribe = %v\nwant it to say %q", err, want)
+		}
+	}
+	if err := r.DeclareQueue("reader"); !errors.Is(err, rabbitbroker.ErrQueueNotSingleActive) {
+		t.Fatalf("DeclareQueue = %v, want ErrQueueNotSingleActive", err)
+	}
+	q, err := ch.QueueDeclarePassive(r.Queue("reader"), true, false, false, false, nil)
+	if err != nil || q.Messages != 1 {
+		t.Fatalf("the queue after the refusal: %+v (%v), want it kept with its message", q, err)
 	}
 }
 
