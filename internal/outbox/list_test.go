@@ -180,8 +180,9 @@ func TestDetailOfAMissingEvent(t *testing.T) {
 	}
 }
 
-// The list's page and count are planned for their values on every call
-// (db.PlanEachCall): none is kept as a prepared statement, whose generic plan PostgreSQL may switch to after five runs
+// The list's page and count, and a dry run's count, are planned for their
+// values on every call (db.PlanEachCall): none is kept as a prepared
+// statement, whose generic plan PostgreSQL may switch to after five runs
 // (a plan for no topic in particular, which cannot know that a topic and
 // an event type never occur together).
 func TestListIsPlannedForItsValues(t *testing.T) {
@@ -209,6 +210,12 @@ func TestListIsPlannedForItsValues(t *testing.T) {
 			if _, err := outbox.Count(ctx, conn, f); err != nil {
 				t.Fatal(err)
 			}
+		}
+		if _, err := outbox.Preview(ctx, conn, outbox.JobRetry, outbox.Filter{Topic: topic}, 5); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := outbox.CountPublishedBefore(ctx, conn, outbox.Filter{Topic: topic}, time.Now()); err != nil {
+			t.Fatal(err)
 		}
 	}
 	if stmts := dbtest.Prepared(t, conn, "outbox_event"); len(stmts) > 0 {
