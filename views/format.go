@@ -8,6 +8,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/sluice-dev/sluice/internal/db"
 )
 
 // htmxConfig turns off everything htmx could evaluate and keeps requests on
@@ -37,6 +39,20 @@ func Age(d time.Duration) string {
 }
 
 // CountOf is n with its noun, singular for exactly one: "1 attempt",
+// TotalText is TotalOf as plain text, for a sentence or a button: "1,234",
+// "more than 10,000", "more than 10,000 (≈ 195k)" or "≈ 195k".
+func TotalText(t db.Total) string {
+	switch {
+	case t.MoreThan > 0 && t.N > t.MoreThan+1:
+		return "more than " + Count(t.MoreThan) + " (≈ " + Approx(t.N) + ")"
+	case t.MoreThan > 0:
+		return "more than " + Count(t.MoreThan)
+	case t.Estimate:
+		return "≈ " + Approx(t.N)
+	}
+	return Count(t.N)
+}
+
 // "12,345 attempts".
 func CountOf(n int64, one, many string) string {
 	return Count(n) + " " + Plural(n, one, many)

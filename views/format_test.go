@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/inbox"
 )
 
@@ -176,5 +177,39 @@ func TestCallProblemSaysWhatTheErrorMeans(t *testing.T) {
 		if strings.Contains(got, "http") || strings.Contains(got, "deadline") {
 			t.Errorf("%q carries the client's text", got)
 		}
+	}
+}
+
+// A list's header says only what is known: a count, "more than" where a
+// count stopped (with the planner's figure when it says more), or "≈" for
+// the planner's estimate alone.
+func TestTotalTextSaysHowTheTotalIsKnown(t *testing.T) {
+	for _, c := range []struct {
+		t    db.Total
+		want string
+	}{
+		{db.Total{N: 1234}, "1,234"},
+		{db.Total{}, "0"},
+		{db.Total{N: 195_432, Estimate: true}, "≈ 195k"},
+		{db.Total{N: 10_001, Estimate: true, MoreThan: 10_000}, "more than 10,000"},
+		{db.Total{N: 195_432, Estimate: true, MoreThan: 10_000}, "more than 10,000 (≈ 195k)"},
+	} {
+		if got := TotalText(c.t); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.t, got, c.want)
+		}
+	}
+	var b strings.Builder
+	if err := TotalOf(db.Total{N: 195_432, Estimate: true}, "event", "events").Render(context.Background(), &b); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.String(); !strings.Contains(got, "≈ 195k") || !strings.Contains(got, "not a count") || strings.Contains(got, "more than") {
+		t.Errorf("an estimate renders %q", got)
+	}
+	b.Reset()
+	if err := TotalOf(db.Total{N: 10_001, Estimate: true, MoreThan: 10_000}, "event", "events").Render(context.Background(), &b); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.String(); !strings.Contains(got, "more than 10,000</span> events") || strings.Contains(got, "≈") {
+		t.Errorf("a capped count renders %q", got)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/audit"
 	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/views"
 )
 
@@ -87,9 +88,10 @@ func (a *App) auditList(c echo.Context) error {
 			if f.page.After != "" {
 				d.FirstURL = views.AuditURL(f.raw, "")
 			}
-			if d.Total, err = audit.Count(ctx, a.pool, f.filter); err == nil {
-				d.Counted = true
-			}
+			d.Total, err = listTotal(f.page.After == "", len(page.Rows), page.Next, func() (db.Total, error) {
+				return audit.Count(ctx, a.pool, f.filter)
+			})
+			d.Counted = err == nil
 		}
 	}
 	p := a.page(c, "Audit", "/audit")

@@ -185,9 +185,12 @@ func (a *App) bulkPreview(c echo.Context, f bulkForm, status int, notice string)
 }
 
 // needsRecentLogin: a bulk action over the threshold moves a lot at once,
-// so it needs a sign-in no older than RecentLogin.
-func (a *App) needsRecentLogin(sess *auth.Session, count int64) bool {
-	return count > int64(a.cfg.BulkRecentLoginAbove) && a.now().Sub(sess.AuthTime) > a.cfg.RecentLogin
+// so it needs a sign-in no older than RecentLogin. A count that stopped at
+// its cap counts as over the threshold, whatever the threshold: past the
+// cap, how many is not known.
+func (a *App) needsRecentLogin(sess *auth.Session, count db.Total) bool {
+	over := count.MoreThan > 0 || count.N > int64(a.cfg.BulkRecentLoginAbove)
+	return over && a.now().Sub(sess.AuthTime) > a.cfg.RecentLogin
 }
 
 // reauthURL signs in again at the provider (prompt=login, max_age=0) and
@@ -220,11 +223,13 @@ func (a *App) bulkConfirm(c echo.Context, f bulkForm) error {
 		}
 		// The job covers what matches now; never more than the operator
 		// confirmed, and over the threshold only with a recent sign-in.
-		if j.Matched > f.Expect {
+		// Both counts stop at the same cap: a dry run's "more than"
+		// confirms any number past it (outbox.CreateJob).
+		if j.MatchedTotal().Counted() > f.Expect {
 			job = j
 			return errMoreThanConfirmed
 		}
-		if a.needsRecentLogin(sess, j.Matched) {
+		if a.needsRecentLogin(sess, j.MatchedTotal()) {
 			return errStaleLogin
 		}
 		filter, err := json.Marshal(f.Filter)
@@ -233,7 +238,7 @@ func (a *App) bulkConfirm(c echo.Context, f bulkForm) error {
 		}
 		ev := a.actorEvent(c, sess, actionBulkCreate, jobTarget, j.ID.String())
 		ev.Reason = j.Reason
-		after := map[string]any{"kind": j.Kind, "filter": json.RawMessage(filter), "matched": j.Matched, "chunk_size": j.ChunkSize}
+		after := withMatched(j, map[string]any{"kind": j.Kind, "filter": json.RawMessage(filter), "chunk_size": j.ChunkSize})
 		if j.ReplayTo != "" {
 			after["replay_to"] = j.ReplayTo
 		}
@@ -260,7 +265,7 @@ func (a *App) bulkConfirm(c echo.Context, f bulkForm) error {
 		a.metrics.actions.WithLabelValues(actionBulkCreate, "conflict").Inc()
 		return a.bulkPreview(c, f, http.StatusConflict, fmt.Sprintf(
 			"The filter now matches %s events, more than the %s you confirmed. Nothing was changed; check the new count and confirm again.",
-			views.Count(job.Matched), views.Count(f.Expect)))
+			views.TotalText(job.MatchedTotal()), views.Count(f.Expect)))
 	case errors.Is(err, errStaleLogin):
 		if err := auth.RecordDenied(ctx, a.pool, sess, requestMeta(c), "POST /outbox/bulk", "reauth"); err != nil {
 			return err

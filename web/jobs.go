@@ -68,11 +68,22 @@ func auditChunk(ctx context.Context, tx pgx.Tx, j outbox.Job, ids []uuid.UUID) e
 	})
 }
 
+// withMatched adds j's matched count to an audit row's after: "matched",
+// and "matched_more_than" when the count stopped there and matched is the
+// planner's estimate (outbox.Job.Matched).
+func withMatched(j outbox.Job, after map[string]any) map[string]any {
+	after["matched"] = j.Matched
+	if j.MatchedMoreThan > 0 {
+		after["matched_more_than"] = j.MatchedMoreThan
+	}
+	return after
+}
+
 // auditJobEnd writes the row that closes a job, in the transaction that
 // ends it (so a job closes once).
 func auditJobEnd(ctx context.Context, tx pgx.Tx, j outbox.Job) error {
-	after, err := json.Marshal(map[string]any{"kind": j.Kind, "state": j.State, "matched": j.Matched,
-		"done": j.Done, "skipped": j.Skipped})
+	after, err := json.Marshal(withMatched(j, map[string]any{"kind": j.Kind, "state": j.State,
+		"done": j.Done, "skipped": j.Skipped}))
 	if err != nil {
 		return err
 	}
@@ -137,7 +148,7 @@ func (a *App) cancelJob(c echo.Context) error {
 			return err
 		}
 		ev := a.actorEvent(c, sess, actionBulkCancel, jobTarget, id.String())
-		ev.After, _ = json.Marshal(map[string]any{"state": j.State, "done": j.Done, "matched": j.Matched})
+		ev.After, _ = json.Marshal(withMatched(j, map[string]any{"state": j.State, "done": j.Done}))
 		if err := audit.Record(ctx, tx, ev); err != nil {
 			return err
 		}

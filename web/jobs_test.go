@@ -150,9 +150,10 @@ func checkJobAudit(t *testing.T, h *harness, id uuid.UUID, topic, end string) {
 	}
 }
 
-// A dry run changes nothing and shows the exact count and a sample; the
-// confirmed job retries 20,000 dead events in chunks through the console's
-// runner, with one audit row opening it, one per chunk and one closing it.
+// A dry run changes nothing and shows the count (up to its cap: more than
+// 10,000) and a sample; the confirmed job retries all 20,000 dead events in
+// chunks through the console's runner, with one audit row opening it, one
+// per chunk and one closing it.
 func TestBulkRetryDryRunThenJobInChunks(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{})
@@ -173,8 +174,8 @@ func TestBulkRetryDryRunThenJobInChunks(t *testing.T) {
 		t.Fatalf("dry run: %d %s", resp.StatusCode, body)
 	}
 	d := doc(t, body)
-	if got := d.Find(`[data-testid="bulk-count"]`).Text(); got != "20,000" {
-		t.Errorf("dry run count %q, want 20,000", got)
+	if got := d.Find(`[data-testid="bulk-count"]`).Text(); !strings.HasPrefix(got, "more than 10,000") {
+		t.Errorf("dry run count %q, want more than 10,000", got)
 	}
 	if got := d.Find(`[data-testid="bulk-filter"]`).Text(); got != `dead events on topic "bulk"` {
 		t.Errorf("filter in words %q", got)
@@ -192,7 +193,7 @@ func TestBulkRetryDryRunThenJobInChunks(t *testing.T) {
 	if strings.Join(sample, ",") != strings.Join(first, ",") {
 		t.Errorf("sample %v, want the first 20 ids %v", sample, first)
 	}
-	if !strings.Contains(d.Find(`[data-testid="bulk-confirm"]`).Text(), "20,000") {
+	if !strings.Contains(d.Find(`[data-testid="bulk-confirm"]`).Text(), "more than 10,000") {
 		t.Errorf("the confirmation does not name the count: %q", d.Find(`[data-testid="bulk-confirm"]`).Text())
 	}
 	if after := outboxState(t, h); after != before {
@@ -204,8 +205,8 @@ func TestBulkRetryDryRunThenJobInChunks(t *testing.T) {
 
 	id := h.confirmBulk(t, b, token, url.Values{"status": {"dead"}, "topic": {"bulk"}, "action": {"retry"}})
 	j := waitJob(t, h, id, outbox.JobDone)
-	if j.Matched != n || j.Done != n || j.Skipped != 0 || j.RequestedBy != "oncall" {
-		t.Fatalf("job %+v, want %d retried by oncall", j, n)
+	if j.MatchedMoreThan != outbox.JobCountExactBelow || j.Done != n || j.Skipped != 0 || j.RequestedBy != "oncall" {
+		t.Fatalf("job %+v, want more than %d matched and %d retried by oncall", j, outbox.JobCountExactBelow, n)
 	}
 	var pending, dead int
 	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE status = 'pending' AND topic = 'bulk'), count(*) FILTER (WHERE status = 'dead') FROM outbox_event`).Scan(&pending, &dead); err != nil {
@@ -729,4 +730,71 @@ func TestEventPagesShowTheBulkJobsThatChangedThem(t *testing.T) {
 func outerHTML(s *goquery.Selection) string {
 	h, _ := goquery.OuterHtml(s)
 	return h
+}
+
+// seedMoreDead adds n dead events on topic, of aggregates of their own.
+func seedMoreDead(t *testing.T, h *harness, topic string, n int) {
+	t.Helper()
+	outboxtest.Insert(t, h.pool, outboxtest.Seed{N: n, Topic: topic, AggregateType: "job", AggregateID: topic + "-more-{n}",
+		EventType: "job.v1", Status: "dead", Attempts: 10, Age: time.Hour})
+}
+
+// A dry run counts up to the cap: past it, it says "more than 10,000", and
+// confirming it covers any number past the cap, as the operator was shown
+// (the job still walks every event). With a threshold above the cap, a
+// count that stopped at the cap needs a recent sign-in: how many there are
+// is not known. An exact dry run that the filter outgrows past the cap is a
+// conflict that says "more than 10,000".
+func TestBulkDryRunPastTheCapConfirmsWhatItShowed(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{configure: func(c *web.Config) { c.BulkRecentLoginAbove = 50_000; c.RecentLogin = time.Minute }})
+	seedDeadEvents(t, h, "capped", outbox.JobCountExactBelow+50)
+	seedDeadEvents(t, h, "exact", outbox.JobCountExactBelow-5)
+	b, token := h.signedIn(t, "oncall")
+	if _, err := h.pool.Exec(context.Background(), `UPDATE console_session SET auth_time = now() - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	dry := url.Values{"dry_run": {"1"}, "topic": {"capped"}, "action": {"retry"}}
+	_, body := b.postForm(t, h.base+"/outbox/bulk", token, dry)
+	d := doc(t, body)
+	if got := d.Find(`[data-testid="bulk-count"]`).Text(); !strings.HasPrefix(got, "more than 10,000") {
+		t.Fatalf("dry run count %q, want more than 10,000", got)
+	}
+	link := d.Find(`[data-testid="bulk-reauth-link"]`).AttrOr("href", "")
+	if link == "" || !strings.Contains(d.Find(`[data-testid="bulk-reauth"]`).Text(), "perhaps more than 50,000") {
+		t.Fatalf("a count past the cap with an old sign-in: no re-authentication: %s", body)
+	}
+	resp, data := h.signInAt(t, b, h.base+link, "oncall", "oncall")
+	if resp.Request.URL.Path != "/outbox/bulk" {
+		t.Fatalf("re-authentication landed on %s", resp.Request.URL)
+	}
+	token = csrfField.FindStringSubmatch(data)[1]
+
+	// Confirmed as "more than 10,000"; more events die before the
+	// confirmation arrives: still what the operator confirmed.
+	_, body = b.postForm(t, h.base+"/outbox/bulk", token, dry)
+	confirm := url.Values{}
+	doc(t, body).Find(`[data-testid="bulk-confirm-form"] input[type="hidden"]`).Each(func(_ int, s *goquery.Selection) {
+		confirm.Set(s.AttrOr("name", ""), s.AttrOr("value", ""))
+	})
+	if confirm.Get("expect") != fmt.Sprint(outbox.JobCountExactBelow+1) {
+		t.Fatalf("the confirmation expects %q, want %d (more than the cap)", confirm.Get("expect"), outbox.JobCountExactBelow+1)
+	}
+	seedMoreDead(t, h, "capped", 100)
+	id := h.confirmOnly(t, b, token, confirm)
+	j := waitJob(t, h, id, outbox.JobDone)
+	if want := int64(outbox.JobCountExactBelow + 150); j.MatchedMoreThan != outbox.JobCountExactBelow || j.Done != want {
+		t.Fatalf("job %+v: want more than %d matched and %d retried", j, outbox.JobCountExactBelow, want)
+	}
+
+	// An exact dry run the filter outgrows past the cap.
+	_, body = b.postForm(t, h.base+"/outbox/bulk", token, url.Values{"dry_run": {"1"}, "topic": {"exact"}, "action": {"retry"}})
+	if got := doc(t, body).Find(`[data-testid="bulk-count"]`).Text(); got != "9,995" {
+		t.Fatalf("dry run count %q, want 9,995", got)
+	}
+	seedMoreDead(t, h, "exact", 10)
+	resp, body = b.postForm(t, h.base+"/outbox/bulk", token, url.Values{"topic": {"exact"}, "action": {"retry"}, "expect": {"9995"}})
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(body, "now matches more than 10,000") {
+		t.Fatalf("confirm after the count passed the cap: %d %s", resp.StatusCode, body)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/views"
@@ -129,9 +130,10 @@ func (a *App) renderOutboxList(c echo.Context, q url.Values, status int, topics 
 			if f.page.After != "" {
 				d.FirstURL = listURL(f.raw, "")
 			}
-			if d.Total, err = outbox.Count(ctx, a.pool, f.filter); err == nil {
-				d.Counted = true
-			}
+			d.Total, err = listTotal(f.page.After == "", len(page.Rows), page.Next, func() (db.Total, error) {
+				return outbox.Count(ctx, a.pool, f.filter)
+			})
+			d.Counted = err == nil
 		}
 	}
 	if d.Problem = problemText(err); d.Problem != "" {
@@ -154,6 +156,19 @@ func listURL(raw views.OutboxFilterForm, after string) string {
 		return "/outbox"
 	}
 	return "/outbox?" + v.Encode()
+}
+
+// listTotal is a list page's header count. A first page without a next
+// one holds the whole list, so its rows are the count: no count statement
+// runs, and the header agrees with the page. A filter that matches nothing
+// or little is the one a count cannot stop early on (it reads every row its
+// plan offers, the whole table when no index serves the filter), and its
+// first page is all there is. Any other page calls count.
+func listTotal(firstPage bool, rows int, next string, count func() (db.Total, error)) (db.Total, error) {
+	if firstPage && next == "" {
+		return db.Total{N: int64(rows)}, nil
+	}
+	return count()
 }
 
 // canAct reports whether the user may act on outbox events: the buttons

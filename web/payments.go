@@ -112,9 +112,10 @@ func (a *App) paymentList(c echo.Context) error {
 			if f.page.After != "" {
 				d.FirstURL = paymentListURL(f.raw, "")
 			}
-			if d.Total, err = payments.CountPayments(ctx, a.pool, f.filter); err == nil {
-				d.Counted = true
-			}
+			d.Total, err = listTotal(f.page.After == "", len(page.Rows), page.Next, func() (db.Total, error) {
+				return payments.CountPayments(ctx, a.pool, f.filter)
+			})
+			d.Counted = err == nil
 		}
 	}
 	if d.Problem = paymentProblem(err); d.Problem != "" {

@@ -42,7 +42,7 @@ func Export(ctx context.Context, q db.Querier, f Filter, emit func(*Stored) erro
 	)
 	for {
 		args["after"] = after
-		rows, err := q.Query(ctx, sql, args)
+		rows, err := q.Query(ctx, sql, db.PlanEachCall, args)
 		if err != nil {
 			return n, fmt.Errorf("audit: export: %w", err)
 		}

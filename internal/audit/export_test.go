@@ -46,3 +46,6 @@ func RecomputeChain(ctx context.Context, tx pgx.Tx) error {
 func ListSQL(ctx context.Context, q db.Querier, f Filter, after int64) (string, pgx.NamedArgs, error) {
 	return listSQL(ctx, q, f, after > 0, after, 50)
 }
+
+// CountFrom is what Count counts, for a plan test.
+var CountFrom = countFrom

@@ -189,7 +189,7 @@ func List(ctx context.Context, q db.Querier, f Filter, p Page) (ListPage, error)
 	if err != nil {
 		return ListPage{}, err
 	}
-	rows, err := q.Query(ctx, sql, args)
+	rows, err := q.Query(ctx, sql, db.PlanEachCall, args)
 	if err != nil {
 		return ListPage{}, fmt.Errorf("audit: list: %w", err)
 	}
@@ -267,19 +267,27 @@ const CountExactBelow = db.CountExactBelow
 // Total is how many rows match a filter (db.Total).
 type Total = db.Total
 
-// Count counts the rows matching f: exactly up to CountExactBelow (it reads
-// at most that many plus one), above that the planner's estimate, flagged.
+// Count counts the rows matching f as every list does (db.CountTotal):
+// the planner's estimate when it is above CountExactBelow, else a count of
+// at most CountExactBelow+1 rows.
 func Count(ctx context.Context, q db.Querier, f Filter) (Total, error) {
-	args := pgx.NamedArgs{}
-	where, err := f.where(ctx, q, args)
+	fw, args, err := countFrom(ctx, q, f)
 	if err != nil {
 		return Total{}, err
 	}
-	total, err := db.CountTotal(ctx, q, `audit_event e WHERE `+where, args)
+	total, err := db.CountTotal(ctx, q, fw, args)
 	if err != nil {
 		return Total{}, fmt.Errorf("audit: count: %w", err)
 	}
 	return total, nil
+}
+
+// countFrom is what Count counts: `audit_event e WHERE …` for f, and its
+// arguments.
+func countFrom(ctx context.Context, q db.Querier, f Filter) (string, pgx.NamedArgs, error) {
+	args := pgx.NamedArgs{}
+	where, err := f.where(ctx, q, args)
+	return `audit_event e WHERE ` + where, args, err
 }
 
 // Stored is one whole audit row as stored: the event (its Before and After

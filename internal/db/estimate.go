@@ -9,41 +9,114 @@ import (
 )
 
 // CountExactBelow is where the list pages stop counting and estimate: an
-// exact count reads at most this many index entries plus one.
+// exact count reads at most this many rows plus one.
 const CountExactBelow = 10_000
 
-// Total is how many rows match a list's filter.
+// PlanEachCall, passed as a statement's first argument, has pgx send the
+// statement unnamed (pgx.QueryExecModeExec), so PostgreSQL plans it for the
+// values of that call. The pool's default prepares and keeps each statement
+// per connection, and after five runs PostgreSQL may switch it to a generic
+// plan, made for no value in particular. A list's filter is the case where
+// that goes wrong: its best plan depends on the values (an actor with no
+// rows, a topic and an event type that never occur together), and the
+// generic plan of the audit count was a scan of the whole trail for an
+// actor who had no rows (174 ms at a million rows, where the actor's index
+// answers at once). The lists' and counts' statements are ad hoc and plan
+// in a fraction of a millisecond, so every call plans them anew.
+const PlanEachCall = pgx.QueryExecModeExec
+
+// Total is how many rows match a list's filter: exactly N; or, with
+// Estimate, about N by the planner's statistics; and, with MoreThan, more
+// than MoreThan for certain (a count stopped there), N being the planner's
+// figure.
 type Total struct {
-	N        int64
-	Estimate bool // N is the planner's estimate: more than CountExactBelow matched
+	N int64
+	// Estimate: N is the planner's row estimate, not a count.
+	Estimate bool
+	// MoreThan, when not zero, is where a count stopped: more than
+	// MoreThan rows match (Estimate is then set; N is at least MoreThan+1).
+	MoreThan int64
 }
 
-// CountTotal is CountOrEstimate at CountExactBelow, as a Total.
+// Counted is what a count read of t: N when exact, MoreThan+1 when it
+// stopped at its cap. A dry run's confirmation compares two of these, so
+// "more than 10,000" confirms any number past the cap and an exact count
+// confirms at most itself.
+func (t Total) Counted() int64 {
+	if t.MoreThan > 0 {
+		return t.MoreThan + 1
+	}
+	return t.N
+}
+
+// CountTotal is how many rows of `SELECT 1 FROM <fromWhere>` match, for a
+// list page's header. The planner's estimate comes first (EXPLAIN: nothing
+// is read); above CountExactBelow it is the answer, flagged Estimate. At or
+// below it the rows are counted, at most CountExactBelow+1 of them (a count
+// over a LIMIT'd subquery); a count that reaches the cap says MoreThan.
+// Counting first, as the lists did, read far more than the cap whenever
+// the plan could not stop early: a bitmap scan reads all its index entries
+// before its first row (the audit trail's 25,000 rows of an actor for a
+// count of 10,001: 70 ms), so a large estimate is shown as what it is and
+// a small one bounds what the count's plan reads. A filter that matches
+// nothing is still read to its end; a list page whose first page is the
+// whole list does not count at all (web). Use CountUpTo for a filter the
+// planner cannot estimate. args must not use "db_count_cap".
 func CountTotal(ctx context.Context, q Querier, fromWhere string, args pgx.NamedArgs) (Total, error) {
-	n, est, err := CountOrEstimate(ctx, q, fromWhere, args, CountExactBelow)
-	return Total{N: n, Estimate: est}, err
+	est, err := EstimateRows(ctx, q, fromWhere, args)
+	if err != nil {
+		return Total{}, err
+	}
+	if est > CountExactBelow {
+		return Total{N: est, Estimate: true}, nil
+	}
+	return countAtMost(ctx, q, fromWhere, args, CountExactBelow, est)
 }
 
-// CountOrEstimate counts the rows of `SELECT 1 FROM <fromWhere>` exactly up
-// to exactBelow (a count over a LIMIT'd subquery, so it reads at most that
-// many rows plus one); above that it returns the planner's row estimate
-// (EXPLAIN: nothing read), never less than exactBelow+1, with estimate set.
-// The list pages' headers use it: tens of millions of rows are never
-// counted for a page. args must not use the name "db_count_cap".
-func CountOrEstimate(ctx context.Context, q Querier, fromWhere string, args pgx.NamedArgs, exactBelow int64) (n int64, estimate bool, err error) {
-	capped := pgx.NamedArgs{"db_count_cap": exactBelow + 1}
+// CountUpTo counts the rows of `SELECT 1 FROM <fromWhere>` exactly up to
+// most, reading at most most+1 rows; past it, it says MoreThan most, with
+// the planner's estimate as N. It counts before it estimates, so "more than"
+// is always a count's: for a dry run, whose confirmation must not cover
+// more than the operator saw. args must not use "db_count_cap".
+func CountUpTo(ctx context.Context, q Querier, fromWhere string, args pgx.NamedArgs, most int64) (Total, error) {
+	return countAtMost(ctx, q, fromWhere, args, most, -1)
+}
+
+// countAtMost counts up to most+1 rows; past most, N is est, or the
+// planner's estimate when est < 0, never below most+1.
+func countAtMost(ctx context.Context, q Querier, fromWhere string, args pgx.NamedArgs, most, est int64) (Total, error) {
+	capped := pgx.NamedArgs{"db_count_cap": most + 1}
 	for k, v := range args {
 		capped[k] = v
 	}
-	if err := q.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+fromWhere+` LIMIT @db_count_cap) s`, capped).Scan(&n); err != nil {
-		return 0, false, fmt.Errorf("count: %w", err)
+	var n int64
+	if err := q.QueryRow(ctx, CountSQL(fromWhere), PlanEachCall, capped).Scan(&n); err != nil {
+		return Total{}, fmt.Errorf("count: %w", err)
 	}
-	if n <= exactBelow {
-		return n, false, nil
+	if n <= most {
+		return Total{N: n}, nil
 	}
+	if est < 0 {
+		var err error
+		if est, err = EstimateRows(ctx, q, fromWhere, args); err != nil {
+			return Total{}, err
+		}
+	}
+	return Total{N: max(est, most+1), Estimate: true, MoreThan: most}, nil
+}
+
+// CountSQL is the capped count of CountTotal and CountUpTo, for plan
+// tests: its cap is the parameter db_count_cap.
+func CountSQL(fromWhere string) string {
+	return `SELECT count(*) FROM (SELECT 1 FROM ` + fromWhere + ` LIMIT @db_count_cap) s`
+}
+
+// EstimateRows is the planner's row estimate for `SELECT 1 FROM
+// <fromWhere>` (EXPLAIN: nothing is read).
+func EstimateRows(ctx context.Context, q Querier, fromWhere string, args pgx.NamedArgs) (int64, error) {
 	var plan []byte
-	if err := q.QueryRow(ctx, `EXPLAIN (FORMAT JSON) SELECT 1 FROM `+fromWhere, args).Scan(&plan); err != nil {
-		return 0, false, fmt.Errorf("estimate count: %w", err)
+	if err := q.QueryRow(ctx, `EXPLAIN (FORMAT JSON) SELECT 1 FROM `+fromWhere, PlanEachCall, args).Scan(&plan); err != nil {
+		return 0, fmt.Errorf("estimate count: %w", err)
 	}
 	var explained []struct {
 		Plan struct {
@@ -51,7 +124,7 @@ func CountOrEstimate(ctx context.Context, q Querier, fromWhere string, args pgx.
 		} `json:"Plan"`
 	}
 	if err := json.Unmarshal(plan, &explained); err != nil || len(explained) == 0 {
-		return 0, false, fmt.Errorf("estimate count: unreadable plan: %v", err)
+		return 0, fmt.Errorf("estimate count: unreadable plan: %v", err)
 	}
-	return max(int64(explained[0].Plan.Rows), exactBelow+1), true, nil
+	return int64(explained[0].Plan.Rows), nil
 }

@@ -15,11 +15,17 @@ type JobProgress struct {
 	Kind            string     `json:"kind"`
 	State           string     `json:"state"`
 	Matched         int64      `json:"matched"`
+	MatchedMoreThan int64      `json:"matched_more_than"` // see Job.Matched
 	Done            int64      `json:"done"`
 	Skipped         int64      `json:"skipped"`
 	CancelRequested bool       `json:"cancel_requested"`
 	StartedAt       *time.Time `json:"started_at"`
 	FinishedAt      *time.Time `json:"finished_at"`
+}
+
+// MatchedTotal is Matched as a Total (Job.MatchedTotal).
+func (p JobProgress) MatchedTotal() Total {
+	return Job{Matched: p.Matched, MatchedMoreThan: p.MatchedMoreThan}.MatchedTotal()
 }
 
 // Finished reports whether the job has ended.
@@ -29,7 +35,7 @@ func (p JobProgress) Finished() bool {
 
 // Progress is j's progress.
 func (j Job) Progress() JobProgress {
-	return JobProgress{ID: j.ID, Kind: j.Kind, State: j.State, Matched: j.Matched, Done: j.Done, Skipped: j.Skipped,
+	return JobProgress{ID: j.ID, Kind: j.Kind, State: j.State, Matched: j.Matched, MatchedMoreThan: j.MatchedMoreThan, Done: j.Done, Skipped: j.Skipped,
 		CancelRequested: j.CancelRequested, StartedAt: j.StartedAt, FinishedAt: j.FinishedAt}
 }
 
@@ -46,7 +52,8 @@ type JobsRead struct {
 // Expr implements db.Read.
 func (r *JobsRead) Expr(args *db.Args) string {
 	return `SELECT coalesce(json_agg(json_build_object('id', j.id, 'kind', j.kind, 'state', j.state,
-	                                 'matched', j.matched, 'done', j.done, 'skipped', j.skipped,
+	                                 'matched', j.matched, 'matched_more_than', coalesce(j.matched_more_than, 0),
+	                                 'done', j.done, 'skipped', j.skipped,
 	                                 'cancel_requested', j.cancel_requested_at IS NOT NULL,
 	                                 'started_at', j.started_at, 'finished_at', j.finished_at)
 	                                 ORDER BY j.id DESC), '[]')
@@ -55,7 +62,7 @@ func (r *JobsRead) Expr(args *db.Args) string {
 	        (SELECT ` + jobReadColumns + ` FROM outbox_job ORDER BY id DESC LIMIT ` + db.Int(r.Recent) + `)) j`
 }
 
-const jobReadColumns = `id, kind, state, matched, done, skipped, cancel_requested_at, started_at, finished_at`
+const jobReadColumns = `id, kind, state, matched, matched_more_than, done, skipped, cancel_requested_at, started_at, finished_at`
 
 // Scan implements db.Read.
 func (r *JobsRead) Scan(src []byte) error {

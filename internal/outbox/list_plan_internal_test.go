@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 )
 
@@ -163,6 +164,57 @@ func TestListPlansAreTheSameOnADeepPage(t *testing.T) {
 			}
 		})
 	}
+	// A topic and an event type that never occur together (plan.e7.v1 is
+	// t7's only): the statistics of migration 00034 tell the planner so,
+	// and it reads the type's and the topic's indexes, where it took the
+	// two for independent, expected a page soon along the primary key and
+	// walked all of it. The count reads the indexes too. A type with its
+	// own topic is still read in the list's order, without a sort.
+	for _, c := range []struct {
+		name  string
+		f     Filter
+		never bool
+	}{
+		{"a type on another topic", Filter{Topic: "t3", EventType: "plan.e7.v1"}, true},
+		{"a type on another topic, published", Filter{Topic: "t3", EventType: "plan.e7.v1", Status: StatusPublished}, true},
+		{"a type on its topic", Filter{Topic: "t7", EventType: "plan.e7.v1"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var plans []string
+			for _, after := range []string{"", encodeCursor(c.f, false, deep)} {
+				sql, args, _, err := listSQL(c.f, Page{After: after}, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				plans = append(plans, explain(t, pool, sql, args))
+			}
+			cargs := pgx.NamedArgs{"db_count_cap": CountExactBelow + 1}
+			fw, err := c.f.fromWhere(cargs, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			count := explain(t, pool, db.CountSQL(fw), cargs)
+			for i, p := range plans {
+				switch {
+				case strings.Contains(p, "Seq Scan"):
+					t.Errorf("page %d scans the table:\n%s", i, p)
+				case c.never && (strings.Contains(p, "Index Scan Backward using outbox_event_pkey") || !strings.Contains(p, "outbox_event_type_idx")):
+					t.Errorf("page %d walks the primary key, not the type's index:\n%s", i, p)
+				case !c.never && strings.Contains(p, "Sort"):
+					t.Errorf("page %d sorts:\n%s", i, p)
+				}
+			}
+			if c.never && (strings.Contains(count, "Seq Scan") || !strings.Contains(count, "outbox_event_type_idx")) {
+				t.Errorf("the count does not read the type's index:\n%s", count)
+			}
+			if c.never {
+				if n, err := Count(context.Background(), pool, c.f); err != nil || n != (Total{}) {
+					t.Errorf("count %+v (%v), want exactly 0", n, err)
+				}
+			}
+		})
+	}
+
 	// Above the exact threshold, a count is the planner's estimate.
 	n, err := Count(context.Background(), pool, Filter{Status: StatusPublished})
 	if err != nil {

@@ -179,3 +179,66 @@ func TestDetailOfAMissingEvent(t *testing.T) {
 		t.Fatalf("Detail of a missing event: %v, want ErrNotFound", err)
 	}
 }
+
+// The list's page and count, and a dry run's count, are planned for their
+// values on every call (db.PlanEachCall): none is kept as a prepared
+// statement, whose generic plan PostgreSQL may switch to after five runs
+// (a plan for no topic in particular, which cannot know that a topic and
+// an event type never occur together).
+func TestListIsPlannedForItsValues(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	bulkInsert(t, pool, "p", 20, 5)
+	if _, err := pool.Exec(ctx, `UPDATE outbox_event SET status = 'dead', dead_at = now() WHERE aggregate_seq = 1`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// The seeding may have prepared statements on this connection.
+	if err := conn.Conn().DeallocateAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, topic := range []string{"test.topic", "other", "test.topic", "none", "test.topic", "other", "none"} {
+		for _, f := range []outbox.Filter{{Topic: topic}, {Topic: topic, EventType: "test.happened.v1"}, {Topic: topic, Status: outbox.FilterHeldDead}} {
+			if _, err := outbox.List(ctx, conn, f, outbox.Page{Limit: 5}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := outbox.Count(ctx, conn, f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := outbox.Preview(ctx, conn, outbox.JobRetry, outbox.Filter{Topic: topic}, 5); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := outbox.CountPublishedBefore(ctx, conn, outbox.Filter{Topic: topic}, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if stmts := dbtest.Prepared(t, conn, "outbox_event"); len(stmts) > 0 {
+		t.Fatalf("kept as prepared statements (a generic plan may serve them):\n%s", strings.Join(stmts, "\n"))
+	}
+}
+
+// In flight is counted, never estimated: the planner has no statistics for
+// a lease against the clock and would guess a third of the pending events
+// (13,000 here, where 500 are in flight).
+func TestInFlightIsCountedNotGuessed(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (id, aggregate_type, aggregate_id, aggregate_seq, topic, event_type, payload, locked_until, lock_token)
+		SELECT gen_random_uuid(), 'test', 'a' || g, 1, 'test.topic', 'test.happened.v1', '{}',
+		       CASE WHEN g <= 500 THEN now() + interval '1 hour' END, CASE WHEN g <= 500 THEN gen_random_uuid() END
+		  FROM generate_series(1, 40000) g;
+		ANALYZE outbox_event`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := outbox.Count(ctx, pool, outbox.Filter{Status: outbox.FilterInFlight}); err != nil || n != (outbox.Total{N: 500}) {
+		t.Fatalf("in flight: %+v (%v), want exactly 500", n, err)
+	}
+}

@@ -48,12 +48,12 @@ func TestReplayJobSurvivesARunnerRestartAndRelaysRepublish(t *testing.T) {
 	}
 	f := outbox.Filter{Topic: "orders"}
 	p, err := outbox.Preview(ctx, pool, outbox.JobReplay, f, 5)
-	if err != nil || p.Count != n || len(p.Sample) != 5 {
+	if err != nil || p.Count != (outbox.Total{N: n}) || len(p.Sample) != 5 {
 		t.Fatalf("dry run %+v, %v", p, err)
 	}
 	old, err := outbox.CountPublishedBefore(ctx, pool, f, time.Now().Add(-7*24*time.Hour))
-	if err != nil || old != n/100 {
-		t.Fatalf("%d published before the retention (%v), want %d", old, err, n/100)
+	if err != nil || old != (outbox.Total{N: n / 100}) {
+		t.Fatalf("%+v published before the retention (%v), want %d", old, err, n/100)
 	}
 	if _, err := outbox.Preview(ctx, pool, outbox.JobReplay, outbox.Filter{Status: outbox.StatusDead}, 5); !errors.Is(err, outbox.ErrInvalidFilter) {
 		t.Fatalf("replay of dead events: %v", err)
@@ -68,7 +68,7 @@ func TestReplayJobSurvivesARunnerRestartAndRelaysRepublish(t *testing.T) {
 	hook := recorder(pool, t)
 	job := createJob(t, pool, outbox.JobRequest{Kind: outbox.JobReplay, Filter: f, RequestedBy: "ann", Reason: "billing lost its data",
 		ReplayTo: "billing", ChunkSize: 500})
-	if job.Matched != n || job.ReplayTo != "billing" {
+	if job.Matched != n || job.MatchedMoreThan != 0 || job.ReplayTo != "billing" {
 		t.Fatalf("job %+v", job)
 	}
 
@@ -152,4 +152,63 @@ func mustTx(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
 	}
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	return tx
+}
+
+// A replay's dry run, the confirming job and the count past the inbox's
+// retention read at most the cap of published events, never a topic's
+// whole history (50,000 events here): past the cap they say "more than"
+// it, with the planner's estimate. The transaction's table statistics show
+// what each read.
+func TestReplayCountsStopAtTheCap(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	const n = 50_000
+	seedPublished(t, pool, "orders", n, 30*24*time.Hour)
+	if _, err := pool.Exec(ctx, `ANALYZE outbox_event`); err != nil {
+		t.Fatal(err)
+	}
+	f := outbox.Filter{Topic: "orders"}
+	// The cap plus one, the sample, and a few the planner reads at an
+	// index's ends.
+	const most = outbox.JobCountExactBelow + 1 + 5 + 50
+	tx := mustTx(t, pool)
+	read := func() int64 {
+		var n int64
+		if err := tx.QueryRow(ctx, `SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
+			  FROM pg_stat_xact_user_tables WHERE relname = 'outbox_event'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := read()
+	p, err := outbox.Preview(ctx, tx, outbox.JobReplay, f, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Count.MoreThan != outbox.JobCountExactBelow || p.Count.N <= outbox.JobCountExactBelow || len(p.Sample) != 5 {
+		t.Fatalf("dry run %+v, want more than %d", p, outbox.JobCountExactBelow)
+	}
+	if r := read() - before; r > most {
+		t.Fatalf("the dry run read %d events, want at most %d", r, most)
+	}
+	before = read()
+	old, err := outbox.CountPublishedBefore(ctx, tx, f, time.Now().Add(-7*24*time.Hour))
+	if err != nil || old.MoreThan != outbox.JobCountExactBelow {
+		t.Fatalf("published before the retention: %+v (%v)", old, err)
+	}
+	if r := read() - before; r > most {
+		t.Fatalf("the count past the retention read %d events, want at most %d", r, most)
+	}
+	before = read()
+	j, err := outbox.CreateJob(ctx, tx, outbox.JobRequest{Kind: outbox.JobReplay, Filter: f, RequestedBy: "ann", Reason: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.MatchedMoreThan != outbox.JobCountExactBelow || j.MatchedTotal().Counted() != p.Count.Counted() || j.State != outbox.JobPending {
+		t.Fatalf("job %+v, want more than %d matched, as the dry run said", j, outbox.JobCountExactBelow)
+	}
+	if r := read() - before; r > most {
+		t.Fatalf("creating the job read %d events, want at most %d", r, most)
+	}
 }

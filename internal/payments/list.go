@@ -156,7 +156,7 @@ func ListPayments(ctx context.Context, q db.Querier, f Filter, p Page) (ListPage
 			after = &cur
 		}
 		sql, args := segmentSQL(f, status, after, limit+1-len(rows))
-		r, err := q.Query(ctx, sql, args)
+		r, err := q.Query(ctx, sql, db.PlanEachCall, args)
 		if err != nil {
 			return ListPage{}, fmt.Errorf("payments: list %s: %w", status, err)
 		}
@@ -257,9 +257,10 @@ const CountExactBelow = db.CountExactBelow
 // Total is how many rows match a filter (db.Total).
 type Total = db.Total
 
-// CountPayments counts the payments matching f exactly up to
-// CountExactBelow (reading at most that many rows plus one), above that the
-// planner's estimate (EXPLAIN, nothing read), flagged Estimate.
+// CountPayments counts the payments matching f as every list does
+// (db.CountTotal): the planner's estimate (EXPLAIN, nothing read) when it is
+// above CountExactBelow, flagged Estimate; else a count of at most
+// CountExactBelow+1 rows.
 func CountPayments(ctx context.Context, q db.Querier, f Filter) (Total, error) {
 	args := pgx.NamedArgs{}
 	where, err := f.where(args)

@@ -66,8 +66,10 @@ func runRelayUnderJob(ctx context.Context, pool *pgxpool.Pool, pub outbox.Publis
 	if lerr != nil || len(jobs) != 1 {
 		return d, fmt.Errorf("read the bulk job: %v (%d jobs)", lerr, len(jobs))
 	}
-	if j := jobs[0]; j.Done == 0 || j.Done >= j.Matched {
-		return d, fmt.Errorf("the bulk job did not overlap the drain (%d of %d done when it ended): no figure", j.Done, j.Matched)
+	// Matched is an estimate past the dry run's cap: the job's state, not
+	// its count, says whether it was still running.
+	if j := jobs[0]; j.Done == 0 || j.Finished() {
+		return d, fmt.Errorf("the bulk job did not overlap the drain (%d done, %s, when the drain ended): no figure", j.Done, j.State)
 	}
 	return d, nil
 }

@@ -294,3 +294,24 @@ func redact(url string) string {
 	}
 	return fmt.Sprintf("%s:%d", cfg.Host, cfg.Port)
 }
+
+// Prepared lists the statements prepared on conn's session whose text
+// mentions table. pgx's default mode prepares every statement it runs and
+// keeps it for the connection, and PostgreSQL may switch a prepared
+// statement to a generic plan after five runs; a statement sent with
+// db.PlanEachCall is never prepared. A test runs functions on one
+// connection (a *pgxpool.Conn is a db.Querier), then asks.
+func Prepared(t testing.TB, conn db.Querier, table string) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(),
+		`SELECT statement FROM pg_prepared_statements WHERE strpos(statement, $1) > 0 ORDER BY prepare_time`,
+		pgx.QueryExecModeSimpleProtocol, table)
+	if err != nil {
+		t.Fatalf("dbtest: prepared statements: %v", err)
+	}
+	stmts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("dbtest: prepared statements: %v", err)
+	}
+	return stmts
+}
