@@ -105,6 +105,15 @@ func parseBulkForm(get func(string) string) bulkForm {
 	if !f.DryRun && f.Expect < 0 && f.Errors["expect"] == "" {
 		f.Errors["expect"] = "run a dry run first, then confirm its count"
 	}
+	if !f.DryRun && f.Errors["expect"] == "" {
+		// The dry run's time: the job acts on what matched then, once.
+		seen, err := time.Parse(time.RFC3339Nano, get("seen_at"))
+		if err != nil {
+			f.Errors["expect"] = "run a dry run first, then confirm it (the confirmation names when the dry run ran)"
+		} else {
+			f.Filter.StateBy = &seen
+		}
+	}
 	return f
 }
 
@@ -171,7 +180,7 @@ func (a *App) bulkPreview(c echo.Context, f bulkForm, status int, notice string)
 	if err != nil {
 		return err
 	}
-	d := views.BulkPreviewData{Values: f.Values, Filter: f.Filter, Count: p.Count, Sample: p.Sample, Links: a.links,
+	d := views.BulkPreviewData{Values: f.Values, Filter: f.Filter, Count: p.Count, Sample: p.Sample, At: p.At, Links: a.links,
 		Threshold: a.cfg.BulkRecentLoginAbove, Notice: notice}
 	if f.Values.Action == outbox.JobReplay {
 		if err := a.replayRetention(c.Request().Context(), f.Filter, &d); err != nil {
@@ -218,6 +227,9 @@ func (a *App) bulkConfirm(c echo.Context, f bulkForm) error {
 		j, err := outbox.CreateJob(ctx, tx, outbox.JobRequest{
 			Kind: f.Values.Action, Filter: f.Filter, Reason: f.Values.Reason, RequestedBy: requestedBy, ReplayTo: f.Values.Consumer,
 		})
+		if errors.Is(err, outbox.ErrConfirmedAlready) {
+			job = j
+		}
 		if err != nil {
 			return err
 		}
@@ -258,6 +270,9 @@ func (a *App) bulkConfirm(c echo.Context, f bulkForm) error {
 		return nil
 	})
 	switch {
+	case errors.Is(err, outbox.ErrConfirmedAlready):
+		a.metrics.actions.WithLabelValues(actionBulkCreate, "conflict").Inc()
+		return c.Redirect(http.StatusSeeOther, "/jobs/"+job.ID.String()+"?done=already")
 	case errors.Is(err, errMoreThanConfirmed):
 		if err := a.auditFailed(c, sess, actionBulkCreate, "", "count_changed"); err != nil {
 			return err

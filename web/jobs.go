@@ -128,6 +128,9 @@ func (a *App) jobPage(c echo.Context) error {
 		return jobError(err)
 	}
 	d := views.JobData{Job: j, Cancellable: !j.Finished() && auth.SessionFrom(c).Can(auth.PermOutboxAct)}
+	if c.QueryParam("done") == "already" {
+		d.Notice = "This dry run's confirmation started this job already; sending it again changed nothing. Run a new dry run to act on what matches now."
+	}
 	return render(c, http.StatusOK, views.Job(a.page(c, "Job", "/jobs"), d))
 }
 

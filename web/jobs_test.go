@@ -466,6 +466,7 @@ func TestBulkOverThresholdNeedsRecentLogin(t *testing.T) {
 		t.Fatalf("an old sign-in over the threshold: no re-authentication link: %s", body)
 	}
 	form.Set("expect", "10")
+	form.Set("seen_at", time.Now().UTC().Format(time.RFC3339Nano))
 	resp, _ = b.postForm(t, h.base+"/outbox/bulk", token, form)
 	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != link {
 		t.Fatalf("confirm with an old sign-in: %d %q, want 303 to %q", resp.StatusCode, resp.Header.Get("Location"), link)
@@ -486,23 +487,52 @@ func TestBulkOverThresholdNeedsRecentLogin(t *testing.T) {
 	}
 	token = csrfField.FindStringSubmatch(data)[1] // a new session, a new token
 
-	// The count grew since the dry run: a conflict, nothing created.
+	// An event that dies after the dry run is not the confirmation's: the
+	// job acts on the ten the dry run showed (a reviewer's confirmation
+	// sent again a minute later discarded five events no dry run had
+	// shown), and the same confirmation sent again makes no second job.
 	_, body = b.postForm(t, h.base+"/outbox/bulk", token, dry)
 	if doc(t, body).Find(`[data-testid="bulk-confirm"]`).Length() != 1 {
 		t.Fatalf("a recent sign-in still cannot confirm: %s", body)
 	}
-	outboxtest.Insert(t, h.pool, outboxtest.Seed{Topic: "big", AggregateType: "job", AggregateID: "one-more", EventType: "job.v1", Status: "dead"})
-	resp, body = b.postForm(t, h.base+"/outbox/bulk", token, form)
-	if resp.StatusCode != http.StatusConflict || !strings.Contains(body, "more than the 10 you confirmed") {
-		t.Fatalf("confirm after the count grew: %d %s", resp.StatusCode, body)
+	confirm := url.Values{}
+	doc(t, body).Find(`[data-testid="bulk-confirm-form"] input[type="hidden"]`).Each(func(_ int, s *goquery.Selection) {
+		confirm.Set(s.AttrOr("name", ""), s.AttrOr("value", ""))
+	})
+	later := outboxtest.Insert(t, h.pool, outboxtest.Seed{Topic: "big", AggregateType: "job", AggregateID: "one-more", EventType: "job.v1", Status: "dead"})[0]
+	id := h.confirmOnly(t, b, token, confirm)
+	j := waitJob(t, h, id, outbox.JobDone)
+	if j.Matched != 10 || j.Done != 10 {
+		t.Fatalf("job %+v: want the 10 the dry run showed", j)
 	}
-	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_job`).Scan(&jobs); err != nil || jobs != 0 {
-		t.Fatalf("%d jobs after a conflict (%v)", jobs, err)
+	if st := eventStatus(t, h, later); st != outbox.StatusDead {
+		t.Fatalf("an event that died after the dry run is %s, want dead (untouched)", st)
 	}
-	form.Set("expect", "11")
-	id := h.confirmOnly(t, b, token, form)
-	waitJob(t, h, id, outbox.JobDone)
 	checkJobAudit(t, h, id, "big", outbox.JobDone)
+	resp, _ = b.postForm(t, h.base+"/outbox/bulk", token, confirm)
+	if want := "/jobs/" + id.String() + "?done=already"; resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != want {
+		t.Fatalf("the confirmation sent again: %d %q, want 303 to %q", resp.StatusCode, resp.Header.Get("Location"), want)
+	}
+	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_job`).Scan(&jobs); err != nil || jobs != 1 {
+		t.Fatalf("%d jobs after the confirmation was sent again, want 1 (%v)", jobs, err)
+	}
+	if st := eventStatus(t, h, later); st != outbox.StatusDead {
+		t.Fatalf("the confirmation sent again reached an event no dry run showed: %s", st)
+	}
+	_, page := b.get(t, h.base+"/jobs/"+id.String()+"?done=already", "text/html")
+	if !strings.Contains(doc(t, page).Find(`[data-testid="notice"]`).Text(), "started this job already") {
+		t.Error("the job page does not say the confirmation had started it already")
+	}
+}
+
+// eventStatus is an event's status now.
+func eventStatus(t *testing.T, h *harness, id uuid.UUID) string {
+	t.Helper()
+	var st string
+	if err := h.pool.QueryRow(context.Background(), `SELECT status FROM outbox_event WHERE id = $1`, id).Scan(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
 
 func (h *harness) confirmOnly(t *testing.T, b *browser, token string, form url.Values) uuid.UUID {
@@ -793,7 +823,10 @@ func TestBulkDryRunPastTheCapConfirmsWhatItShowed(t *testing.T) {
 		t.Fatalf("dry run count %q, want 9,995", got)
 	}
 	seedMoreDead(t, h, "exact", 10)
-	resp, body = b.postForm(t, h.base+"/outbox/bulk", token, url.Values{"topic": {"exact"}, "action": {"retry"}, "expect": {"9995"}})
+	// (A confirmation naming a dry run after the new events: one made
+	// before them would act on the 9,995 it showed.)
+	resp, body = b.postForm(t, h.base+"/outbox/bulk", token, url.Values{"topic": {"exact"}, "action": {"retry"}, "expect": {"9995"},
+		"seen_at": {time.Now().UTC().Format(time.RFC3339Nano)}})
 	if resp.StatusCode != http.StatusConflict || !strings.Contains(body, "now matches more than 10,000") {
 		t.Fatalf("confirm after the count passed the cap: %d %s", resp.StatusCode, body)
 	}

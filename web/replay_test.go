@@ -139,7 +139,7 @@ func TestReplayRefusals(t *testing.T) {
 		t.Errorf("replay without CSRF: %d", resp.StatusCode)
 	}
 	support, stoken := h.signedIn(t, "support")
-	if resp, _ := support.postForm(t, h.base+"/outbox/replay", stoken, url.Values{"topic": {"orders"}, "reason": {"x"}, "expect": {"3"}}); resp.StatusCode != http.StatusForbidden {
+	if resp, _ := support.postForm(t, h.base+"/outbox/replay", stoken, url.Values{"topic": {"orders"}, "reason": {"x"}, "expect": {"3"}, "seen_at": {time.Now().UTC().Format(time.RFC3339Nano)}}); resp.StatusCode != http.StatusForbidden {
 		t.Errorf("viewer replay: %d", resp.StatusCode)
 	}
 	if n := h.countAudit(t, `action = 'request.denied' AND target_id = 'POST /outbox/replay' AND actor_name = 'support'`); n != 1 {
@@ -149,7 +149,7 @@ func TestReplayRefusals(t *testing.T) {
 		t.Error("a refused replay changed something")
 	}
 	// The job page says whom a replay is for.
-	resp, body := oncall.postForm(t, h.base+"/outbox/replay", token, url.Values{"topic": {"orders"}, "reason": {"x"}, "consumer": {"billing"}, "expect": {"3"}})
+	resp, body := oncall.postForm(t, h.base+"/outbox/replay", token, url.Values{"topic": {"orders"}, "reason": {"x"}, "consumer": {"billing"}, "expect": {"3"}, "seen_at": {time.Now().UTC().Format(time.RFC3339Nano)}})
 	m := jobLocation.FindStringSubmatch(resp.Header.Get("Location"))
 	if resp.StatusCode != http.StatusSeeOther || m == nil {
 		t.Fatalf("confirm: %d %s", resp.StatusCode, body)

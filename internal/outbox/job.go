@@ -147,7 +147,26 @@ func jobWhere(a action, f Filter, args pgx.NamedArgs) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return where + "\n\t   AND e.status = '" + a.from + "'", nil
+	where += "\n\t   AND e.status = '" + a.from + "'"
+	if f.StateBy != nil {
+		args["state_by"] = *f.StateBy
+		where += "\n\t   AND e." + stateSince(a.from) + " <= @state_by"
+	}
+	return where, nil
+}
+
+// stateSince is the column that says since when an event has had status
+// (created_at for pending: nothing else records it).
+func stateSince(status string) string {
+	switch status {
+	case StatusDead:
+		return "dead_at"
+	case StatusPublished:
+		return "published_at"
+	case StatusDiscarded:
+		return "discarded_at"
+	}
+	return "created_at"
 }
 
 // JobCountExactBelow is where a dry run, and the job it confirms, stop
@@ -165,6 +184,9 @@ type JobPreview struct {
 	// the confirmation names (see CreateJob).
 	Count  Total
 	Sample []uuid.UUID // the first few of them in id order (the job's order)
+	// At is the dry run's time (the database's): the confirmation carries
+	// it as the job's Filter.StateBy.
+	At time.Time
 }
 
 // Preview counts the events a job of kind with filter f would touch now, up
@@ -176,12 +198,18 @@ func Preview(ctx context.Context, q db.Querier, kind string, f Filter, sampleN i
 	if err != nil {
 		return JobPreview{}, err
 	}
+	// The dry run's time bounds what it counts, and the job it confirms
+	// (JobPreview.At): a confirmation acts on what was shown.
+	var p JobPreview
+	if err := q.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&p.At); err != nil {
+		return JobPreview{}, fmt.Errorf("outbox: preview %s: %w", kind, err)
+	}
+	f.StateBy = &p.At
 	args := pgx.NamedArgs{}
 	where, err := jobWhere(a, f, args)
 	if err != nil {
 		return JobPreview{}, err
 	}
-	var p JobPreview
 	if p.Count, err = db.CountUpTo(ctx, q, "outbox_event e WHERE "+where, args, JobCountExactBelow); err != nil {
 		return JobPreview{}, fmt.Errorf("outbox: preview %s: %w", kind, err)
 	}
@@ -195,6 +223,10 @@ func Preview(ctx context.Context, q db.Querier, kind string, f Filter, sampleN i
 	}
 	return p, nil
 }
+
+// ErrConfirmedAlready: CreateJob found the job its dry run's confirmation
+// made already (returned with it).
+var ErrConfirmedAlready = errors.New("outbox: this dry run's job exists already")
 
 // JobRequest asks for a bulk job.
 type JobRequest struct {
@@ -261,6 +293,23 @@ func CreateJob(ctx context.Context, tx pgx.Tx, req JobRequest) (Job, error) {
 	id, err := uuid.NewV7()
 	if err != nil {
 		return Job{}, fmt.Errorf("outbox: new job id: %w", err)
+	}
+	if req.Filter.StateBy != nil {
+		// One dry run, one job: a confirmation sent again (back and
+		// reload, a double click) names the same dry run, to the
+		// microsecond, and gets the job it made rather than a second one
+		// over whatever matches by then.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "outbox_job "+req.Kind+" "+string(filter)); err != nil {
+			return Job{}, fmt.Errorf("outbox: create %s job: %w", req.Kind, err)
+		}
+		j, err := scanJob(tx.QueryRow(ctx, `SELECT `+jobColumns+` FROM outbox_job WHERE kind = $1 AND filter = $2::jsonb ORDER BY id DESC LIMIT 1`,
+			req.Kind, string(filter)))
+		switch {
+		case err == nil:
+			return j, ErrConfirmedAlready
+		case !errors.Is(err, pgx.ErrNoRows):
+			return Job{}, fmt.Errorf("outbox: create %s job: %w", req.Kind, err)
+		}
 	}
 	args["id"], args["kind"], args["filter"], args["reason"] = id, req.Kind, string(filter), req.Reason
 	args["requested_by"], args["chunk"] = req.RequestedBy, req.ChunkSize

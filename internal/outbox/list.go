@@ -70,6 +70,13 @@ type Filter struct {
 	// that transaction's length plus clock skew.
 	CreatedFrom time.Time `json:"created_from,omitzero"`
 	CreatedTo   time.Time `json:"created_to,omitzero"`
+	// StateBy (jobs only: lists ignore it) keeps the events that were in
+	// the job's status at that time, the dry run's: dead by then for a
+	// retry or a discard, published by then for a replay, created by then
+	// for a dead-letter (a pending event keeps no time it became pending).
+	// A job confirmed from a dry run acts on what that dry run showed, not
+	// on events that died or were published after it.
+	StateBy *time.Time `json:"state_by,omitempty"`
 }
 
 // Validate reports the first thing wrong with f.
