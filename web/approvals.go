@@ -100,11 +100,20 @@ func (a *App) decideApproval(approve bool) echo.HandlerFunc {
 			// did not move, and the requester's reason on its row read as
 			// the rejecter's.
 			ev.Reason = strings.TrimSpace(c.FormValue("reason"))
+			problem := ""
 			switch {
 			case ev.Reason == "":
-				return a.approvalsProblem(c, http.StatusUnprocessableEntity, "Say why you reject the request: a rejection needs a reason, and it is kept in the audit trail. Nothing was changed.")
-			case utf8.RuneCountInString(ev.Reason) > maxReason || !utf8.ValidString(ev.Reason):
-				return a.approvalsProblem(c, http.StatusUnprocessableEntity, fmt.Sprintf("The reason is longer than %d characters. Nothing was changed.", maxReason))
+				problem = "Say why you reject the request: a rejection needs a reason, and it is kept in the audit trail. Nothing was changed."
+			case !utf8.ValidString(ev.Reason):
+				problem = "The reason is not valid text (UTF-8). Nothing was changed."
+			case utf8.RuneCountInString(ev.Reason) > maxReason:
+				problem = fmt.Sprintf("The reason is longer than %d characters. Nothing was changed.", maxReason)
+			}
+			if problem != "" {
+				// Refused attempts are audited like any other (DESIGN.md).
+				ev.Reason = ""
+				a.auditAttempt(ctx, ev, "invalid", nil)
+				return a.approvalsProblem(c, http.StatusUnprocessableEntity, problem)
 			}
 		}
 		decided := done

@@ -271,6 +271,11 @@ func (a *App) bulkConfirm(c echo.Context, f bulkForm) error {
 	})
 	switch {
 	case errors.Is(err, outbox.ErrConfirmedAlready):
+		// Audited like any refused attempt: nothing was made, and the
+		// row names the job the confirmation had made.
+		if err := a.auditFailed(c, sess, actionBulkCreate, job.ID.String(), "confirmed_already"); err != nil {
+			return err
+		}
 		a.metrics.actions.WithLabelValues(actionBulkCreate, "conflict").Inc()
 		return c.Redirect(http.StatusSeeOther, "/jobs/"+job.ID.String()+"?done=already")
 	case errors.Is(err, errMoreThanConfirmed):

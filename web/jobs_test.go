@@ -516,6 +516,9 @@ func TestBulkOverThresholdNeedsRecentLogin(t *testing.T) {
 	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_job`).Scan(&jobs); err != nil || jobs != 1 {
 		t.Fatalf("%d jobs after the confirmation was sent again, want 1 (%v)", jobs, err)
 	}
+	if n := h.countAudit(t, `action = 'outbox.bulk.create' AND outcome = 'error' AND error_code = 'confirmed_already' AND target_id = $1`, id.String()); n != 1 {
+		t.Errorf("%d audited refusals of the confirmation sent again, want 1", n)
+	}
 	if st := eventStatus(t, h, later); st != outbox.StatusDead {
 		t.Fatalf("the confirmation sent again reached an event no dry run showed: %s", st)
 	}

@@ -291,6 +291,9 @@ func TestFourEyesAboveThreshold(t *testing.T) {
 	if resp.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(doc(t, body).Find(`[data-testid="problem"]`).Text(), "needs a reason") {
 		t.Fatalf("reject without a reason: %d, want 422 saying a reason is needed", resp.StatusCode)
 	}
+	if n := h.countAudit(t, `action = 'payments.reject' AND outcome = 'error' AND error_code = 'invalid' AND target_id = $1`, op2.String()); n != 1 {
+		t.Errorf("%d audited refusals of a reject without a reason, want 1", n)
+	}
 	resp, _ = h.postForm(t, oncall, fmt.Sprintf("/approvals/%d/reject", id), url.Values{"csrf_token": {oncallToken}, "reason": {"bank statement shows no debit"}})
 	if resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("reject: %d", resp.StatusCode)

@@ -100,8 +100,8 @@ const MaxShards = 1024
 // durably as the broker stores what it acknowledges: RabbitMQ confirms a
 // persistent message once it is on disk; JetStream acknowledges a write
 // synced only every two minutes unless the server runs with sync_interval
-// always (the embedded server does) or the stream is replicated (README,
-// "NATS JetStream").
+// always or the stream is replicated (README, "NATS JetStream"; the demo's
+// embedded server does neither: its store is thrown away).
 type Publisher interface {
 	Publish(ctx context.Context, msg Message) error
 }

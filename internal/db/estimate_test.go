@@ -23,12 +23,14 @@ func rowsRead(t *testing.T, tx pgx.Tx) int64 {
 	return n
 }
 
-// A list's total reads nothing when the planner expects many rows (the
-// estimate is the answer, flagged), counts exactly when it expects few, and
-// says "more than" when a count it expected to be small reaches the cap.
+// A list's total counts exactly when the planner expects few rows, and
+// when it expects many as long as the count ends within its budget (the
+// estimate alone can be far off); only a count that cannot end in time
+// gives way to the estimate, flagged. It says "more than" when a count
+// reaches the cap.
 // Each case runs in a transaction whose table statistics show the rows it
 // read.
-func TestCountTotalEstimatesFirst(t *testing.T) {
+func TestCountTotalCountsWithinABudget(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := context.Background()
@@ -48,7 +50,17 @@ func TestCountTotalEstimatesFirst(t *testing.T) {
 		wantEstimate    bool  // the estimate is N: checked as a range
 		maxRead         int64 // rows the count may read; -1: its plan's business
 	}{
-		{"many: the estimate, nothing read", "t WHERE k = @k", pgx.NamedArgs{"k": 3}, db.Total{Estimate: true}, true, 0},
+		// Many expected: counted all the same, up to the cap, within the
+		// count's budget.
+		{"many: counted to the cap", "t WHERE k = @k", pgx.NamedArgs{"k": 3}, db.Total{Estimate: true, MoreThan: db.CountExactBelow}, true, db.CountExactBelow + 20},
+		// Many expected, none there (k and c go together: the planner
+		// takes k = 3 AND c <> 3 for 18,000 rows): the count says so,
+		// where the estimate alone read "≈ 18k" over an empty list.
+		{"many expected, none there: counted", "t WHERE k = @k AND c <> @k", pgx.NamedArgs{"k": 3}, db.Total{}, false, -1},
+		// A count that cannot end within its budget (each row costs a
+		// sleep of 0.1 ms: 10,001 of them take a second) gives way to the
+		// estimate.
+		{"many, slow to count: the estimate", "t WHERE k = @k AND pg_sleep(0.0001) IS NOT NULL", pgx.NamedArgs{"k": 3}, db.Total{Estimate: true}, true, -1},
 		// Its 500 ids, and the few the planner reads at an index's end.
 		{"few: counted", "t WHERE k = @k AND id <= 500", pgx.NamedArgs{"k": 3}, db.Total{N: 50}, false, 520},
 		{"none: counted", "t WHERE k = @k", pgx.NamedArgs{"k": 42}, db.Total{}, false, 0},

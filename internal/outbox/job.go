@@ -299,11 +299,13 @@ func CreateJob(ctx context.Context, tx pgx.Tx, req JobRequest) (Job, error) {
 		// reload, a double click) names the same dry run, to the
 		// microsecond, and gets the job it made rather than a second one
 		// over whatever matches by then.
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "outbox_job "+req.Kind+" "+string(filter)); err != nil {
+		to := replayTo(Job{ReplayTo: req.ReplayTo})
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "outbox_job "+req.Kind+" "+req.ReplayTo+" "+string(filter)); err != nil {
 			return Job{}, fmt.Errorf("outbox: create %s job: %w", req.Kind, err)
 		}
-		j, err := scanJob(tx.QueryRow(ctx, `SELECT `+jobColumns+` FROM outbox_job WHERE kind = $1 AND filter = $2::jsonb ORDER BY id DESC LIMIT 1`,
-			req.Kind, string(filter)))
+		j, err := scanJob(tx.QueryRow(ctx, `SELECT `+jobColumns+` FROM outbox_job
+			WHERE kind = $1 AND filter = $2::jsonb AND replay_to IS NOT DISTINCT FROM $3 ORDER BY id DESC LIMIT 1`,
+			req.Kind, string(filter), to))
 		switch {
 		case err == nil:
 			return j, ErrConfirmedAlready

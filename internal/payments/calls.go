@@ -36,6 +36,12 @@ type callRecord struct {
 	end  time.Time // when the answer came, on this host's monotonic clock
 	res  provider.Result
 	err  error
+	// maybeRecorded: a statement that records the call may have committed
+	// with its answer lost (settleOwned's fallback), so recording it again
+	// checks first (callUnrecorded). Never set otherwise: fast failures
+	// share durations to the microsecond, and a genuine second call with
+	// the same answer must be kept.
+	maybeRecorded bool
 }
 
 // insertCallSQL inserts the call @op; its start is the statement's time
@@ -55,6 +61,15 @@ const insertCallSQL = `
 const callUnrecorded = `NOT EXISTS (SELECT 1 FROM payment_provider_call c
 	WHERE c.operation_id = @op AND c.op = @kind AND c.duration_us = @us
 	  AND c.answer IS NOT DISTINCT FROM @answer AND c.error IS NOT DISTINCT FROM @error)`
+
+// insertCallOnce is insertCallSQL, guarded by callUnrecorded when the call
+// may be in the table already.
+func insertCallOnce(c callRecord) string {
+	if c.maybeRecorded {
+		return insertCallSQL + ` WHERE ` + callUnrecorded
+	}
+	return insertCallSQL
+}
 
 // callArgs are insertCallSQL's arguments (op and now included).
 func (s *Service) callArgs(op uuid.UUID, c callRecord) pgx.NamedArgs {
@@ -78,7 +93,7 @@ func (s *Service) callArgs(op uuid.UUID, c callRecord) pgx.NamedArgs {
 // call's start is on the database clock (its end, less the measured
 // duration).
 func (s *Service) recordCall(ctx context.Context, op uuid.UUID, c callRecord) {
-	if _, err := s.pool.Exec(context.WithoutCancel(ctx), insertCallSQL+` WHERE `+callUnrecorded, s.callArgs(op, c)); err != nil {
+	if _, err := s.pool.Exec(context.WithoutCancel(ctx), insertCallOnce(c), s.callArgs(op, c)); err != nil {
 		s.log.Warn("payments: record a provider call", "operation_id", op, "op", c.kind, "err", err)
 	}
 }
@@ -101,4 +116,13 @@ func ProviderCalls(ctx context.Context, q db.Querier, op uuid.UUID) ([]ProviderC
 		return nil, fmt.Errorf("payments: provider calls of %s: %w", op, err)
 	}
 	return calls, nil
+}
+
+// andOrWhere continues insertCallOnce's statement with a condition: AND
+// after its guard, WHERE without one.
+func andOrWhere(guarded bool) string {
+	if guarded {
+		return "AND"
+	}
+	return "WHERE"
 }

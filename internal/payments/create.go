@@ -187,6 +187,10 @@ func (s *Service) create(ctx context.Context, merchantID, key string, req Reques
 // with the reserve's error, and recovery takes over at the lease's end if
 // the reserve did commit.
 func (s *Service) adopt(ctx context.Context, op uuid.UUID, hash string, reserveErr error) (resp Response, ok bool, err error) {
+	// Its own few seconds: the reserve may have failed on the request's
+	// deadline, which must not stop the question whether it committed.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adoptTimeout)
+	defer cancel()
 	rec, err := RecordByOperation(ctx, s.pool, op)
 	if err != nil || rec.RequestHash != hash {
 		return Response{}, false, nil
@@ -208,6 +212,9 @@ func (s *Service) adopt(ctx context.Context, op uuid.UUID, hash string, reserveE
 	resp, err = s.own(context.WithoutCancel(ctx), p, *rec.LockedUntil)
 	return resp, true, err
 }
+
+// adoptTimeout bounds adopt's reads.
+const adoptTimeout = 5 * time.Second
 
 // ownAnswer is an answer read from the key's record that is this request's
 // own operation's (finished by recovery while this request's worker

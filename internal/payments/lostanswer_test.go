@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 	"strconv"
 	"sync"
@@ -277,4 +278,21 @@ func TestAClientThatHangsUpDoesNotCutTheReserve(t *testing.T) {
 		t.Errorf("retry with the key: %d replayed %v %s; want the first answer replayed", b.status, b.replayed, b.body)
 	}
 	e.checkBooks(7003)
+}
+
+// Two calls alike to the microsecond (fast failures share durations: a
+// refused dial, an outage's inquiries) are two calls, both kept; only a
+// record that may be in the table already (a settlement whose answer was
+// lost) is checked for first.
+func TestCallsAlikeAreAllRecorded(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	op := uuid.Must(uuid.NewV7())
+	c := callRecord{kind: "inquire", d: 37 * time.Microsecond, end: time.Now(), err: errors.New("provider: request not processed: connection refused")}
+	e.svc.recordCall(context.Background(), op, c)
+	e.svc.recordCall(context.Background(), op, c)
+	c.maybeRecorded = true
+	e.svc.recordCall(context.Background(), op, c)
+	if n := e.count(`SELECT count(*) FROM payment_provider_call WHERE operation_id = $1`, op); n != 2 {
+		t.Fatalf("%d call records, want 2: the two alike calls, not the third that may have been recorded", n)
+	}
 }

@@ -95,6 +95,9 @@ func (s *Service) settleOwned(ctx context.Context, p Payment, to Status, d detai
 		return Record{}, err // the call was recorded
 	}
 	s.log.Warn("payments: settle in one statement; trying in a transaction", "operation_id", p.OperationID, "err", err)
+	// The statement may have committed, the call's record with it, with
+	// its answer lost.
+	call.maybeRecorded = true
 	return s.settle(ctx, p.OperationID, StatusProcessing, to, d, &lease, &call)
 }
 
@@ -174,7 +177,7 @@ func (s *Service) settleTx(ctx context.Context, op uuid.UUID, from, to Status, d
 			err := tx.QueryRow(ctx, `
 				WITH lease AS (
 					SELECT 1 FROM idempotency_record WHERE operation_id = @op AND status = 'processing' AND locked_until = @fence FOR UPDATE),
-				call AS (`+insertCallSQL+` WHERE EXISTS (SELECT 1 FROM lease) AND `+callUnrecorded+` RETURNING 1)
+				call AS (`+insertCallOnce(*call)+` `+andOrWhere(call.maybeRecorded)+` EXISTS (SELECT 1 FROM lease) RETURNING 1)
 				SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM call)`, args).Scan(&held, new(bool))
 			if err != nil {
 				return Record{}, fmt.Errorf("payments: check the lease of %s: %w", op, err)
@@ -192,7 +195,7 @@ func (s *Service) settleTx(ctx context.Context, op uuid.UUID, from, to Status, d
 				return Record{}, fmt.Errorf("payments: check the lease of %s: %w", op, err)
 			}
 		case call != nil:
-			if _, err := tx.Exec(ctx, insertCallSQL+` WHERE `+callUnrecorded, s.callArgs(op, *call)); err != nil {
+			if _, err := tx.Exec(ctx, insertCallOnce(*call), s.callArgs(op, *call)); err != nil {
 				return Record{}, fmt.Errorf("payments: record the provider call of %s: %w", op, err)
 			}
 		}

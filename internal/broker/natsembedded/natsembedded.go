@@ -13,8 +13,8 @@ import (
 )
 
 // Server is an in-process NATS server with JetStream, listening on 127.0.0.1
-// and storing under a folder the caller owns, each write synced to disk
-// before it is acknowledged.
+// and storing under a folder the caller owns (with JetStream's default sync:
+// see StartAt).
 type Server struct {
 	srv *server.Server
 }
