@@ -448,3 +448,16 @@ func TestSettlementAuditsDiscrepancyAndNotFoundLines(t *testing.T) {
 		t.Fatalf("audit chain: %+v %v", res, err)
 	}
 }
+
+// Every settlement line's evidence ends with its file's hash and line, the
+// form by which a closed discrepancy is found again, whatever the source:
+// a path holding the bare hex (/srv/settle/<sha>.csv) used to lose it, and
+// running the same file again reopened what an operator had closed.
+func TestLineEvidenceAlwaysEndsWithTheFilesLine(t *testing.T) {
+	const sha = "0f3c9a"
+	for _, source := range []string{"console sha256:" + sha, "/srv/settle/" + sha + ".csv", "/srv/settle/eod.csv"} {
+		if got := lineEvidence(source, sha, 7); !strings.HasSuffix(got, lineRef(sha, 7)) {
+			t.Errorf("source %q: evidence %q does not end with %q", source, got, lineRef(sha, 7))
+		}
+	}
+}

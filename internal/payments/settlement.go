@@ -519,9 +519,11 @@ func pendingOutcome(ctx context.Context, q db.RowQuerier, op uuid.UUID) (Outcome
 
 // lineEvidence names a file's line: its source, its hash (unless the
 // source names it already, as the console's "console sha256:…" does) and
-// the line.
+// the line. The hash counts as named only in lineRef's form: a file path
+// that holds the bare hex (/srv/settle/<sha>.csv) still gets it, so every
+// evidence ends with lineRef (a closed discrepancy is found by it).
 func lineEvidence(source, sha string, line int) string {
-	if strings.Contains(source, sha) {
+	if strings.Contains(source, "sha256:"+sha) {
 		return fmt.Sprintf("settlement %s line %d", source, line)
 	}
 	return fmt.Sprintf("settlement %s sha256:%s line %d", source, sha, line)
