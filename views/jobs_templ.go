@@ -1239,7 +1239,7 @@ func BulkPreview(p Page, d BulkPreviewData) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 92, "</span>.</p><p class=\"muted\">Nothing has changed yet. The job will cover the events matching when you confirm, walked in id order in chunks; it resumes after a restart.</p>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 92, "</span>.</p><p class=\"muted\">Nothing has changed yet. Confirming acts on the events this dry run counted, once: events that reach this status after it are left out (run a new dry run for them), and sending the confirmation again opens the job it made. The job walks them in id order in chunks; it resumes after a restart.</p>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}

@@ -184,7 +184,7 @@ type PaymentsReconcile struct {
 
 // Register adds the flags.
 func (c *PaymentsReconcile) Register(f *Flags) {
-	f.String(&c.Actor, "actor", "PAYMENTS_SETTLEMENT_ACTOR", "", "who applies the file, named in each settled payment's audit row (default: OS user@host)")
+	f.String(&c.Actor, "actor", "PAYMENTS_SETTLEMENT_ACTOR", "", "who applies the file, named in the audit row of each line it settles, contradicts or finds no payment for (default: OS user@host)")
 	registerDatabaseURL(f, &c.DatabaseURL, "PostgreSQL ≥ 15 connection URL")
 	f.String(&c.File, "file", "PAYMENTS_SETTLEMENT_FILE", "", "provider settlement file: CSV operation_id,outcome[,provider_ref] (outcome succeeded|failed); - for stdin")
 	f.String(&c.Topic, "topic", "PAYMENTS_TOPIC", payments.DefaultTopic, "outbox topic of payment.* events")

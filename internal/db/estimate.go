@@ -52,17 +52,16 @@ func (t Total) Counted() int64 {
 
 // CountTotal is how many rows of `SELECT 1 FROM <fromWhere>` match, for a
 // list page's header. The planner's estimate comes first (EXPLAIN: nothing
-// is read); above CountExactBelow it is the answer, flagged Estimate. At or
-// below it the rows are counted, at most CountExactBelow+1 of them (a count
-// over a LIMIT'd subquery); a count that reaches the cap says MoreThan.
-// Counting first, as the lists did, read far more than the cap whenever
-// the plan could not stop early: a bitmap scan reads all its index entries
-// before its first row (the audit trail's 25,000 rows of an actor for a
-// count of 10,001: 70 ms), so a large estimate is shown as what it is and
-// a small one bounds what the count's plan reads. A filter that matches
-// nothing is still read to its end; a list page whose first page is the
-// whole list does not count at all (web). Use CountUpTo for a filter the
-// planner cannot estimate. args must not use "db_count_cap".
+// is read). At or below CountExactBelow the rows are counted, at most
+// CountExactBelow+1 of them (a count over a LIMIT'd subquery); a count that
+// reaches the cap says MoreThan. Above it they are counted all the same
+// within countBudget, and only a count that cannot end in time gives the
+// estimate, flagged (countWithin): the estimate alone is far off where the
+// filter's columns go together, and counting first without a bound read far
+// past the cap whenever the plan could not stop early (a bitmap scan reads
+// all its index entries before its first row). A list page whose first page
+// is the whole list does not count at all (web). Use CountUpTo for a filter
+// the planner cannot estimate. args must not use "db_count_cap".
 func CountTotal(ctx context.Context, q Querier, fromWhere string, args pgx.NamedArgs) (Total, error) {
 	est, err := EstimateRows(ctx, q, fromWhere, args)
 	if err != nil {

@@ -63,6 +63,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 		{"NUL in the email", "m-1", newKey(), strings.Replace(good, "ayse@example.com", `ayse\u0000@example.com`, 1), 422, "invalid_customer"},
 		{"escape in the name", "m-1", newKey(), strings.Replace(good, "Ayşe", `Ay\u001b[31mşe`, 1), 422, "invalid_customer"},
 		{"NUL in the tax id", "m-1", newKey(), strings.Replace(good, "12345678901", `1234\u00005678901`, 1), 422, "invalid_customer"},
+		{"tab in the name", "m-1", newKey(), strings.Replace(good, "Ayşe Yılmaz", `Ayşe\tYılmaz`, 1), 422, "invalid_customer"},
 		{"41-digit amount", "m-1", newKey(), payBody("i", 1, strings.Repeat("1", 41)), 422, "invalid_amount"},
 	}
 	for _, c := range cases {

@@ -132,6 +132,12 @@ func ParseRequest(body []byte) (payments.Request, error) {
 	if w.Customer.Email == nil || strings.TrimSpace(*w.Customer.Email) == "" {
 		return payments.Request{}, unprocessable("missing_field", "customer.email is required")
 	}
+	// Control characters are refused before the name's spaces are
+	// folded: folded first, a tab or a line break became a space, and the
+	// payment kept a name other than the one sent.
+	if strings.ContainsFunc(*w.Customer.Name, unicode.IsControl) {
+		return payments.Request{}, unprocessable("invalid_customer", "customer.name has a control character")
+	}
 	r.Customer.Name = strings.Join(strings.Fields(*w.Customer.Name), " ")
 	r.Customer.Email = strings.ToLower(strings.TrimSpace(*w.Customer.Email))
 	if w.Customer.TaxID != nil {
