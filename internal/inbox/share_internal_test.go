@@ -31,6 +31,19 @@ func TestToReleaseGivesUpOnlyWhatAPeerBelowItsShareCanTake(t *testing.T) {
 		{"no more than each peer lacks", all(16), 6, []peer{{held: []int{0, 1, 2, 3, 4}}, {held: []int{}}}, []int{15, 14, 13, 12, 11, 10, 9}},
 		{"no more than above the share", all(7), 6, []peer{{held: []int{}}, {held: []int{}}}, []int{6}},
 		{"a peer that may read none of ours", []int{8, 9, 10}, 2, []peer{{owned: []int{0, 1}, held: []int{}}}, nil},
+		// At its share, a process gives a restricted peer the one shard it
+		// lacks when another peer is over the share (that one gives this
+		// process a shard back next): a full CI run stopped at 6, 9, 1.
+		{"at the share, for a restricted peer while another is over", []int{0, 2, 3, 4, 5, 6}, 6,
+			[]peer{{held: []int{7, 8, 9, 10, 11, 12, 13, 14, 15}}, {owned: []int{0, 1}, held: []int{1}}}, []int{0}},
+		{"at the share, nobody over: kept", []int{0, 2, 3, 4, 5, 6}, 6,
+			[]peer{{held: []int{7, 8, 9, 10, 11, 12}}, {owned: []int{0, 1}, held: []int{1}}}, nil},
+		{"below the share: kept", []int{0, 2, 3}, 6,
+			[]peer{{held: []int{4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}}, {owned: []int{0, 1}, held: []int{1}}}, nil},
+		{"a restricted peer lacking its only shard", []int{0, 2, 3, 4, 5, 6}, 6,
+			[]peer{{held: []int{7, 8, 9, 10, 11, 12, 13, 14, 15}}, {owned: []int{0}, held: []int{}}}, []int{0}},
+		{"a restricted peer with all it may read", []int{2, 3, 4, 5, 6, 7}, 6,
+			[]peer{{held: []int{8, 9, 10, 11, 12, 13, 14, 15, 16}}, {owned: []int{0, 1}, held: []int{0, 1}}}, nil},
 	}
 	for _, c := range cases {
 		if got := toRelease(c.mine, c.fair, c.peers); fmt.Sprint(got) != fmt.Sprint(c.want) {
