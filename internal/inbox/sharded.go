@@ -136,6 +136,11 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 		// found free while at our share, left to the others once.
 		releasing = map[int]bool{}
 		seenFree  = map[int]bool{}
+		// yielded are shards just given up for a peer: left free for one
+		// try even when this process is below its share (a process at its
+		// share gives one to a limited peer, forRestricted), so that it
+		// does not take the shard straight back before the peer can.
+		yielded = map[int]bool{}
 		// peersFailing: the last read of the peers' reports failed (logged
 		// once per run of failures).
 		peersFailing bool
@@ -198,6 +203,9 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 				mu.Lock()
 				delete(held, s)
 				mu.Unlock()
+				if releasing[s] {
+					yielded[s] = true
+				}
 				delete(releasing, s)
 				heldNow()
 				if lockConn != nil {
@@ -289,10 +297,12 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 			}
 			if !got {
 				delete(seenFree, s)
+				delete(yielded, s)
 				continue
 			}
-			if keeping >= fair && !seenFree[s] {
+			if (keeping >= fair || yielded[s]) && !seenFree[s] {
 				seenFree[s] = true
+				delete(yielded, s)
 				uctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				_, err := lockConn.Exec(uctx, unlockSQL, c.Name, c.Shards, s)
 				cancel()
