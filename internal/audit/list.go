@@ -247,8 +247,9 @@ func encodeCursor(f Filter, seq int64) string {
 }
 
 func decodeCursor(f Filter, token string) (int64, error) {
+	// The length of the text too: the decoder skips line breaks.
 	raw, err := base64.RawURLEncoding.Strict().DecodeString(token)
-	if err != nil || len(raw) != 17 || raw[0] != cursorVersion {
+	if err != nil || len(token) != base64.RawURLEncoding.EncodedLen(17) || len(raw) != 17 || raw[0] != cursorVersion {
 		return 0, ErrInvalidCursor
 	}
 	seq := int64(binary.BigEndian.Uint64(raw[1:]))

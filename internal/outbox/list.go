@@ -441,8 +441,9 @@ func encodeCursor(f Filter, oldest bool, last uuid.UUID) string {
 }
 
 func decodeCursor(f Filter, oldest bool, token string) (uuid.UUID, error) {
+	// The length of the text too: the decoder skips line breaks.
 	raw, err := base64.RawURLEncoding.Strict().DecodeString(token)
-	if err != nil || len(raw) != 26 || raw[0] != cursorVersion || raw[1] > 1 {
+	if err != nil || len(token) != base64.RawURLEncoding.EncodedLen(26) || len(raw) != 26 || raw[0] != cursorVersion || raw[1] > 1 {
 		return uuid.Nil, ErrInvalidCursor
 	}
 	if (raw[1] == 1) != oldest {

@@ -165,6 +165,8 @@ func TestListRefusesBadFiltersAndCursors(t *testing.T) {
 		"other filter":  {outbox.Filter{Topic: "other"}, page.Next, false},
 		"other order":   {f, page.Next, true},
 		"padded base64": {f, page.Next + "==", false},
+		// Go's base64 decoder skips line breaks: one cursor, one spelling.
+		"line break": {f, page.Next[:5] + "\r\n" + page.Next[5:], false},
 	} {
 		if _, err := outbox.List(ctx, pool, c.f, outbox.Page{Limit: 3, After: c.cursor, Oldest: c.oldest}); !errors.Is(err, outbox.ErrInvalidCursor) {
 			t.Errorf("%s cursor: %v, want ErrInvalidCursor", name, err)

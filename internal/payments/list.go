@@ -238,8 +238,9 @@ func encodeListCursor(f Filter, c cursor) string {
 }
 
 func decodeListCursor(f Filter, token string) (cursor, error) {
+	// The length of the text too: the decoder skips line breaks.
 	raw, err := base64.RawURLEncoding.Strict().DecodeString(token)
-	if err != nil || len(raw) != listCursorLen || raw[0] != listCursorVersion || int(raw[1]) >= len(listSegments) {
+	if err != nil || len(token) != base64.RawURLEncoding.EncodedLen(listCursorLen) || len(raw) != listCursorLen || raw[0] != listCursorVersion || int(raw[1]) >= len(listSegments) {
 		return cursor{}, ErrInvalidCursor
 	}
 	fp := listFingerprint(f)
