@@ -1,7 +1,6 @@
 package web
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -147,11 +146,7 @@ func (a *App) decideApproval(approve bool) echo.HandlerFunc {
 			}
 			return c.Redirect(http.StatusSeeOther, "/approvals?done="+decided)
 		case errors.Is(err, payments.ErrSelfApproval):
-			a.metrics.actions.WithLabelValues(action, audit.OutcomeDenied).Inc()
-			denied := ev
-			denied.Outcome, denied.ErrorCode = audit.OutcomeDenied, "self_approval"
-			actx := context.WithoutCancel(ctx)
-			if aerr := db.WithTx(actx, a.pool, func(tx pgx.Tx) error { return audit.Record(actx, tx, denied) }); aerr != nil {
+			if aerr := a.auditDenied(ctx, ev, "self_approval"); aerr != nil {
 				return aerr
 			}
 			return &publicError{status: http.StatusForbidden, msg: "You made this request: a different operator must decide it. Nothing was changed."}

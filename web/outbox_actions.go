@@ -170,6 +170,15 @@ func (a *App) auditAttempt(ctx context.Context, ev audit.Event, code string, cur
 	}
 }
 
+// auditDenied records ev as refused by a rule of the action itself (not a
+// permission the route checks), with code saying which, and counts it.
+func (a *App) auditDenied(ctx context.Context, ev audit.Event, code string) error {
+	a.metrics.actions.WithLabelValues(ev.Action, audit.OutcomeDenied).Inc()
+	ev.Outcome, ev.ErrorCode = audit.OutcomeDenied, code
+	actx := context.WithoutCancel(ctx)
+	return db.WithTx(actx, a.pool, func(tx pgx.Tx) error { return audit.Record(actx, tx, ev) })
+}
+
 // stateJSON is an action's before or after for the audit row: status,
 // attempts, availability and reasons; never payload, headers or error text.
 func stateJSON(s outbox.State) json.RawMessage {

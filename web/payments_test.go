@@ -1013,6 +1013,42 @@ func TestSettlementAboveTheThresholdWaitsForASecondOperator(t *testing.T) {
 	paymentstest.CheckBooks(t, h.pool, accBig)
 }
 
+// A file is applied by the operator who uploaded it and read its dry run:
+// else the uploader could have a colleague confirm it by its hash alone, and
+// then approve the four-eyes requests its lines became, as that colleague's
+// (a security review did so). The refusal is audited; the uploader's own
+// confirmation still applies it.
+func TestSettlementIsAppliedOnlyByItsUploader(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{configure: func(c *web.Config) { c.FourEyesAbove = decimal.RequireFromString("100.00") }})
+	big, acc := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "300.00"})
+	oncall, oncallToken := h.signedIn(t, "oncall")
+	admin, adminToken := h.signedIn(t, "admin")
+	resp, body := h.upload(t, oncall, oncallToken, big.String()+",succeeded,ref-z\n")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("upload: %d", resp.StatusCode)
+	}
+	sha := doc(t, body).Find(`input[name="confirm_sha256"]`).AttrOr("value", "")
+	resp, body = h.confirm(t, admin, adminToken, sha)
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(doc(t, body).Find(`[data-testid="problem"]`).Text(), "upload it yourself") {
+		t.Fatalf("another operator's confirmation: %d %q", resp.StatusCode, doc(t, body).Find(`[data-testid="problem"]`).Text())
+	}
+	var approvals int
+	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM payment_approval`).Scan(&approvals); err != nil || approvals != 0 {
+		t.Fatalf("%d approval requests after a refused confirmation (%v), want 0", approvals, err)
+	}
+	if n := h.countAudit(t, `action = 'payments.settle' AND outcome = 'denied' AND error_code = 'not_uploader' AND actor_name = 'admin' AND evidence = $1`, "settlement sha256:"+sha); n != 1 {
+		t.Fatalf("%d audit rows of the refusal, want 1", n)
+	}
+	if resp, _ = h.confirm(t, oncall, oncallToken, sha); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the uploader's confirmation: %d", resp.StatusCode)
+	}
+	if e := h.effectsOf(t, big); e.status != "unknown" || e.reservation != "active" {
+		t.Fatalf("a line above the threshold moved the payment: %+v", e)
+	}
+	paymentstest.CheckBooks(t, h.pool, acc)
+}
+
 // A four-eyes request waits for a second operator, who learns of it on the
 // dashboard and in /metrics, not only by opening the Approvals page: both
 // read the one snapshot.

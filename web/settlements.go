@@ -156,6 +156,19 @@ func (a *App) settlementApply(c echo.Context, sha string) error {
 	}
 	sess := auth.SessionFrom(c)
 	base := a.actorEvent(c, sess, payments.ActionSettle, auditTargetPayment, "")
+	if up.UploadedBy != staffID(sess) {
+		// The one who applies a file is the four-eyes requester of its lines
+		// above the threshold, and must be the one who read its dry run:
+		// else the operator who uploaded a file could have a colleague
+		// confirm it by its hash alone and then approve its lines.
+		denied := base
+		denied.Evidence = "settlement sha256:" + sha
+		if err := a.auditDenied(ctx, denied, "not_uploader"); err != nil {
+			return err
+		}
+		return render(c, http.StatusForbidden, views.SettlementPage(page, views.SettlementData{
+			Problem: "Another operator uploaded this file, so its dry run was theirs: upload it yourself to read its dry run, then confirm. Nothing was applied."}))
+	}
 	d := a.settlementData()
 	d.SHA256, d.Applied = sha, true
 	_, err = payments.ApplySettlement(ctx, a.pool, bytes.NewReader(up.Body), payments.SettlementOptions{
