@@ -133,6 +133,12 @@ const (
 	// RevealsPerMinute bounds one user's reveals of personal data: enough
 	// for support reading a case, too few to page through customers.
 	RevealsPerMinute = 10
+	// SearchesPerMinute bounds one user's searches by customer: an exact
+	// match answers whether a guess is right, and the masks give part of
+	// each value away, so a viewer who may not reveal could otherwise
+	// confirm the rest by trying candidates (a security review did, 40 in
+	// a row). Enough for support retyping a caller's address.
+	SearchesPerMinute = 20
 )
 
 // DefaultRevealRoles may reveal personal data unless CONSOLE_REVEAL_ROLES
@@ -195,6 +201,7 @@ type App struct {
 	kr       *pii.Keyring
 	tracer   trace.Tracer      // nil: tracing off
 	reveals  *auth.IPLimiter   // reveals per user per minute
+	searches *auth.IPLimiter   // customer searches per user per minute
 	verifier *verifier         // chain verifications asked for from the console (audit_verify.go)
 	inquirer *payments.Service // nil: no provider configured
 	links    views.Links       // which pages exist, so only those are linked
@@ -296,6 +303,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		origin: originOf(pub), ln: deps.Listener, mln: deps.MetricsListener, now: deps.Now,
 		wsOpen: map[string]int{}, logins: auth.NewIPLimiter(cfg.LoginRate, time.Minute, deps.Now),
 		kr: deps.Keyring, tracer: requestTracer(deps.Tracing), reveals: auth.NewIPLimiter(RevealsPerMinute, time.Minute, deps.Now),
+		searches: auth.NewIPLimiter(SearchesPerMinute, time.Minute, deps.Now),
 	}
 	a.sessions = auth.NewSessions(deps.Pool, cfg.SessionLifetime, cfg.SessionIdle, deps.Now)
 	a.rp, err = auth.NewRP(ctx, auth.RPConfig{

@@ -143,6 +143,19 @@ func (a *App) paymentSearch(c echo.Context) error {
 		return badRequest("The value to look for is longer than 200 characters.")
 	}
 	ctx := c.Request().Context()
+	sess := auth.SessionFrom(c)
+	meta := requestMeta(c)
+	ev := audit.Event{
+		ActorIss: sess.Issuer, ActorSub: sess.Subject, ActorName: sess.Name, ActorRoles: sess.RoleNames(),
+		SessionHash: sess.HashHex(), Action: "payments.search", TargetType: "customer", TargetID: a.kr.SearchHash(field, typed),
+		Outcome: audit.OutcomeOK, RequestID: meta.RequestID, IP: meta.IP, UserAgent: meta.UserAgent,
+	}
+	if !a.searches.Allow(staffID(sess)) {
+		if err := a.auditDenied(ctx, ev, "rate_limited"); err != nil {
+			return err
+		}
+		return &publicError{status: http.StatusTooManyRequests, msg: fmt.Sprintf("At most %d customer searches a minute: wait a moment, then search again.", SearchesPerMinute)}
+	}
 	found, err := payments.FindByCustomer(ctx, a.pool, a.kr, field, typed, payments.SearchPage{Limit: payments.MaxPageLimit})
 	if errors.Is(err, payments.ErrInvalidSearch) {
 		return badRequest("Choose email or tax id and type the exact value to look for.")
@@ -150,14 +163,7 @@ func (a *App) paymentSearch(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	sess := auth.SessionFrom(c)
-	meta := requestMeta(c)
-	after, _ := json.Marshal(map[string]any{"field": field, "found": len(found)})
-	ev := audit.Event{
-		ActorIss: sess.Issuer, ActorSub: sess.Subject, ActorName: sess.Name, ActorRoles: sess.RoleNames(),
-		SessionHash: sess.HashHex(), Action: "payments.search", TargetType: "customer", TargetID: a.kr.SearchHash(field, typed),
-		After: after, Outcome: audit.OutcomeOK, RequestID: meta.RequestID, IP: meta.IP, UserAgent: meta.UserAgent,
-	}
+	ev.After, _ = json.Marshal(map[string]any{"field": field, "found": len(found)})
 	if err := db.WithTx(ctx, a.pool, func(tx pgx.Tx) error { return audit.Record(ctx, tx, ev) }); err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 	"github.com/sluice-dev/sluice/internal/pii"
+	"github.com/sluice-dev/sluice/web"
 )
 
 // Issue 11: support finds a customer's payments by exact email or tax id
@@ -67,5 +68,35 @@ func TestSearchPaymentsByCustomerWithoutPlaintext(t *testing.T) {
 	}
 	if n := h.countAudit(t, `row_to_json(audit_event)::text ILIKE '%zebulon%' OR row_to_json(audit_event)::text LIKE '%12345678901%'`); n != 0 {
 		t.Fatalf("%d audit rows carry the typed value in clear", n)
+	}
+}
+
+// An exact match answers whether a guess is right, and the masks give part
+// of each value away: searches are limited per user, and the refusals
+// audited, so a viewer cannot confirm the masked rest by trying candidates
+// (a security review ran 40 in a row).
+func TestCustomerSearchesAreLimitedPerUser(t *testing.T) {
+	t.Parallel()
+	kr := testKeyring(t, "k1")
+	h := start(t, options{keyring: kr})
+	b, token := h.signedIn(t, "support")
+	search := func(b *browser, token string) int {
+		resp, _ := b.postForm(t, h.base+"/payments/search", token, url.Values{"customer_field": {"tax_id"}, "customer": {"12345678901"}})
+		return resp.StatusCode
+	}
+	for i := 0; i < web.SearchesPerMinute; i++ {
+		if code := search(b, token); code != http.StatusOK {
+			t.Fatalf("search %d: %d", i+1, code)
+		}
+	}
+	if code := search(b, token); code != http.StatusTooManyRequests {
+		t.Fatalf("search %d in a minute: %d, want 429", web.SearchesPerMinute+1, code)
+	}
+	if n := h.countAudit(t, `action = 'payments.search' AND outcome = 'denied' AND error_code = 'rate_limited'`); n != 1 {
+		t.Fatalf("%d audited refusals, want 1", n)
+	}
+	other, otherToken := h.signedIn(t, "oncall")
+	if code := search(other, otherToken); code != http.StatusOK {
+		t.Fatalf("another user's search: %d", code)
 	}
 }

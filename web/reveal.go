@@ -64,10 +64,7 @@ func parseRevealForm(c echo.Context) (revealForm, error) {
 // answers "undecryptable" and the page keeps working.
 func (a *App) reveal(c echo.Context) error {
 	c.Response().Header().Set("Cache-Control", "no-store")
-	f, err := parseRevealForm(c)
-	if err != nil {
-		return err
-	}
+	f, perr := parseRevealForm(c)
 	ctx := c.Request().Context()
 	sess := auth.SessionFrom(c)
 	meta := requestMeta(c)
@@ -75,6 +72,17 @@ func (a *App) reveal(c echo.Context) error {
 		ActorIss: sess.Issuer, ActorSub: sess.Subject, ActorName: sess.Name, ActorRoles: sess.RoleNames(),
 		SessionHash: sess.HashHex(), Action: "pii.reveal", TargetType: f.targetType, TargetID: f.id.String(),
 		Reason: f.reason, After: revealedField(f.field), RequestID: meta.RequestID, IP: meta.IP, UserAgent: meta.UserAgent,
+	}
+	if perr != nil {
+		// Permission first: a user who may not reveal is refused and
+		// audited as such whatever the form holds, and the audit row keeps
+		// nothing of a form it could not read.
+		if !a.mayReveal(c) {
+			ev.TargetType, ev.TargetID, ev.Reason, ev.After = "", "", "", nil
+			a.recordRevealAttempt(ctx, ev, audit.OutcomeDenied, "permission")
+			return echo.NewHTTPError(http.StatusForbidden)
+		}
+		return perr
 	}
 	refuse := func(status int, code, msg string) error {
 		a.recordRevealAttempt(ctx, ev, audit.OutcomeDenied, code)
@@ -92,7 +100,7 @@ func (a *App) reveal(c echo.Context) error {
 		return refuse(http.StatusTooManyRequests, "rate_limited", fmt.Sprintf("At most %d reveals a minute: wait a moment.", RevealsPerMinute))
 	}
 	var value string
-	err = db.WithTx(ctx, a.pool, func(tx pgx.Tx) error {
+	err := db.WithTx(ctx, a.pool, func(tx pgx.Tx) error {
 		v, err := a.openField(ctx, tx, f)
 		if err != nil {
 			return err

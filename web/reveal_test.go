@@ -205,7 +205,19 @@ func TestRevealRolesAreConfigurable(t *testing.T) {
 	if n := h.countAudit(t, `action = 'pii.reveal' AND outcome = 'denied' AND error_code = 'permission'`); n != 1 {
 		t.Fatalf("%d audited refusals, want 1", n)
 	}
+	// Permission comes before the form: a user who may not reveal is
+	// refused and audited whatever the form holds (it was a bare 400).
+	bad := url.Values{"target_type": {"outbox_event"}, "target_id": {"not-an-id"}, "field": {"customer.email"}, "reason": {"case 9"}}
+	if resp, _ := oncall.postForm(t, h.base+"/pii/reveal", token, bad); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("on-call's reveal of a form it cannot read: %d, want 403", resp.StatusCode)
+	}
+	if n := h.countAudit(t, `action = 'pii.reveal' AND outcome = 'denied' AND error_code = 'permission' AND target_id = ''`); n != 1 {
+		t.Fatalf("%d audited refusals of the unreadable form, want 1", n)
+	}
 	admin, atoken := h.signedIn(t, "admin")
+	if resp, _ := admin.postForm(t, h.base+"/pii/reveal", atoken, bad); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("admin's reveal of a form it cannot read: %d, want 400", resp.StatusCode)
+	}
 	if resp, body := admin.postForm(t, h.base+"/pii/reveal", atoken, form); resp.StatusCode != http.StatusOK || !strings.Contains(body, canaryEmail) {
 		t.Fatalf("admin's reveal: %d %q", resp.StatusCode, body)
 	}
