@@ -512,6 +512,7 @@ func (a *App) newEcho() *echo.Echo {
 	e.Use(a.traced)
 	e.Use(a.securityHeaders)
 	e.Use(a.metrics.middleware)
+	e.Use(refuseOptions)
 	// A settlement file may be larger than any form: its route alone gets
 	// maxSettlementUpload (plus the multipart envelope).
 	e.Use(middleware.BodyLimitWithConfig(middleware.BodyLimitConfig{Limit: a.cfg.BodyLimit, Skipper: isSettlementUpload}))
@@ -521,6 +522,19 @@ func (a *App) newEcho() *echo.Echo {
 		e.Add(r.method, r.path, r.handler, a.guard.Require(r.access))
 	}
 	return e
+}
+
+// refuseOptions answers OPTIONS with 405, as every other method a route
+// does not take: echo would answer it itself, 204 with the route's methods,
+// before any guard, to anyone. The console serves no cross-origin caller,
+// so it has no preflight to answer.
+func refuseOptions(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if c.Request().Method == http.MethodOptions {
+			return echo.ErrMethodNotAllowed
+		}
+		return next(c)
+	}
 }
 
 // originOf serializes u's origin the way browsers send it in the Origin

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/PuerkitoBio/goquery"
+	"github.com/google/uuid"
 
 	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
 	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
@@ -398,6 +399,19 @@ func TestSecurityHeadersAndNonce(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp4.Body.Close()
+	// OPTIONS is refused like any other method a route does not take, to
+	// everyone: echo answered it itself, 204 and the route's methods.
+	for _, path := range []string{"/", "/outbox/" + uuid.NewString() + "/discard", "/payments/settlements"} {
+		req, _ := http.NewRequest(http.MethodOptions, h.base+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "" {
+			t.Errorf("anonymous OPTIONS %s: %d, Allow %q; want 405 and no Allow", path, resp.StatusCode, resp.Header.Get("Allow"))
+		}
+	}
 	for _, r := range []*http.Response{resp3, resp4} {
 		if r.StatusCode < 400 || !strings.Contains(r.Header.Get("Content-Security-Policy"), "default-src 'self'") ||
 			r.Header.Get("X-Content-Type-Options") != "nosniff" || r.Header.Get("Cache-Control") != "no-store" {
