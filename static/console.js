@@ -47,6 +47,36 @@
       d.target.dataset.liveUnchanged = have; // what was left out, for whoever looks
     }
   });
+  // A live fragment replaces the elements in it, the one with the
+  // keyboard's focus too (a tile's link, a dead letter's row): focus then
+  // fell to the page's body every tick, and a keyboard or screen-reader
+  // user could not stay on the dashboard's lower half. The element of the
+  // same place in the new fragment (same id, or same link and test id)
+  // takes the focus back; when the fragment no longer has it, the
+  // fragment itself does, so the next Tab goes on from there.
+  var refocus = null;
+  function focusKey(el) {
+    if (el.id) return "#" + el.id;
+    return el.tagName + "|" + (el.getAttribute("href") || "") + "|" + (el.dataset.testid || "") + "|" + (el.getAttribute("name") || "");
+  }
+  document.body.addEventListener("htmx:oobBeforeSwap", function (e) {
+    var d = e.detail, a = document.activeElement;
+    if (d.shouldSwap && d.target && d.target.id && a && a !== document.body && d.target.contains(a)) {
+      refocus = { fragment: d.target.id, key: focusKey(a) };
+    }
+  });
+  document.body.addEventListener("htmx:oobAfterSwap", function () {
+    if (!refocus) return;
+    var r = refocus, root = document.getElementById(r.fragment);
+    refocus = null;
+    if (!root || (document.activeElement && document.activeElement !== document.body)) return;
+    var all = root.querySelectorAll("a[href], button, input, select, textarea, [tabindex]");
+    for (var i = 0; i < all.length; i++) {
+      if (focusKey(all[i]) === r.key) { all[i].focus({ preventScroll: true }); return; }
+    }
+    if (!root.hasAttribute("tabindex")) root.setAttribute("tabindex", "-1");
+    root.focus({ preventScroll: true });
+  });
   // A form marked data-swap-errors shows the server's refusal in its
   // target as it shows a success: htmx leaves error answers out of the
   // page, and a refused reveal (no reason, too many a minute, a form from
