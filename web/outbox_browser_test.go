@@ -15,8 +15,9 @@ import (
 
 // The outbox in a real browser: support finds a dead event by its id
 // prefix and reads its whole error; on-call retries it and dead-letters
-// another with a reason; a second support tab on the dashboard and the
-// support tab on the event's page see both changes without reloading.
+// another with a reason; a second support tab on the dashboard sees both
+// changes, and the support tab on the retried event's page hears of its
+// retry, without reloading.
 func TestBrowserOutboxFindRetryDeadLetterLive(t *testing.T) {
 	h := start(t, options{tick: 250 * time.Millisecond})
 	longErr := "publish to orders: " + strings.Repeat("nats: maximum payload exceeded; ", 12) + "END-OF-ERROR"
@@ -110,8 +111,8 @@ func TestBrowserOutboxFindRetryDeadLetterLive(t *testing.T) {
 		`(function(){var l=document.querySelectorAll('[data-testid="recent-dead"] a');
 		  return l.length === 1 && l[0].getAttribute('href') === '/outbox/`+pending.String()+`'})()`)
 	waitJS(watcher, t, "one dead letter again", `document.querySelector('[data-testid="dead"]').textContent.trim() === '1'`)
-	waitJS(support, t, "the event page says the outbox changed",
-		`(function(){var n=document.querySelector('[data-testid="outbox-changes"]'); return n !== null && document.getElementById('outbox-changed').textContent.indexOf('dead letters') >= 0})()`)
+	waitJS(support, t, "the event page says its event changed",
+		`(function(){var n=document.querySelector('[data-testid="record-changes"]'); return n !== null && document.getElementById('record-changed').textContent.indexOf('status dead → pending') >= 0})()`)
 	waitJS(watcher, t, "no reload of the dashboard", `window.__notReloaded === true`)
 	waitJS(support, t, "no reload of the event page", `window.__notReloaded === true`)
 	if n, err := chromedp.Run(support, chromedp.Evaluate[int](`window.__oobNoTarget`)); err != nil || n != 0 {

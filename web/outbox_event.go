@@ -47,8 +47,8 @@ func (a *App) outboxEvent(c echo.Context) error {
 }
 
 // eventData reads what the detail page shows: the event, its neighbours
-// and holds, the audit rows about it, and the outbox's mark for the live
-// notice.
+// and holds, and the audit rows about it; the event's own state is the
+// mark of its live notice.
 func (a *App) eventData(ctx context.Context, c echo.Context, id uuid.UUID) (views.EventData, error) {
 	e, err := outbox.Detail(ctx, a.pool, id)
 	if err != nil {
@@ -63,20 +63,13 @@ func (a *App) eventData(ctx context.Context, c echo.Context, id uuid.UUID) (view
 		return views.EventData{}, err
 	}
 	entries = withBulk(entries, bulk[id.String()], eventAuditRows)
-	mark, err := live.ReadOutbox(ctx, a.pool)
-	if err != nil {
-		return views.EventData{}, err
-	}
 	d := views.EventData{E: e, Audit: entries, Bulk: refs, CanAct: canAct(c), CanAudit: a.links.Audit && may(c, auth.PermAudit), SeeAudit: may(c, auth.PermAudit),
 		MaskedPayload: pii.MaskPayload(e.EventType, e.Payload), MaskedHeaders: pii.MaskHeaders(e.Headers)}
-	// The outbox's notice concerns a pending or dead event (the backlog or
-	// the dead letters it is part of may move under it). A published or
-	// discarded one has reached its end: the notice read "reload to see
-	// it" for figures its page does not show, within seconds of every
-	// load on a busy outbox.
-	if e.Status == outbox.StatusPending || e.Status == outbox.StatusDead {
-		d.Live = watchURL(mark, e.Status == outbox.StatusPending)
-	}
+	// The page's notice is about this event alone, whatever its status (a
+	// published one may be replayed, a dead one retried): the rest of the
+	// outbox moving is the list's notice, not this page's. Its mark is the
+	// state this page shows, read in Detail's statement at ReadAt.
+	d.Live = recordWatchURL(live.Watch{Kind: live.KindEvent, ID: e.ID}, eventMark(outbox.StateOf(e)), e.ReadAt)
 	if a.links.Trace {
 		d.Trace = traceURL(traceKindEvent, e.ID.String())
 	}

@@ -15,9 +15,10 @@ import (
 	"github.com/sluice-dev/sluice/views"
 )
 
-// The outbox pages' live notice. A list or detail page reads the outbox's
-// part of the snapshot when it renders (live.ReadOutbox: the same reads the
-// feed composes) and opens /ws with that mark in the URL. The feed still
+// The outbox list's live notice. The list reads the outbox's part of the
+// snapshot when it renders (live.ReadOutbox: the same reads the feed
+// composes) and opens /ws with that mark in the URL. (An event's page hears
+// about its own event instead: record_live.go.) The feed still
 // reads one snapshot per tick for the whole process; the socket compares
 // each new snapshot with the page's mark (no query) and, when the outbox
 // moved, pushes a small notice: how many times it changed since the page

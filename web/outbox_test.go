@@ -260,14 +260,15 @@ func TestOutboxPagesRenderAttackerTextInert(t *testing.T) {
 	}
 }
 
-// The live notice: an open outbox page hears that the outbox changed.
+// The live notice: an open outbox list hears that the outbox changed (an
+// event's page hears about its event alone: record_live_test.go).
 func TestOutboxPageHearsChangesOverItsSocket(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{tick: 100 * time.Millisecond})
 	dead := plant(t, h, planted{status: "dead"})
 	b := newBrowser(t)
 	h.login(t, b, "support", "support", "")
-	_, body := b.get(t, h.base+"/outbox/"+dead.String(), "text/html")
+	_, body := b.get(t, h.base+"/outbox", "text/html")
 	ws := doc(t, body).Find(`[ws-connect]`).AttrOr("ws-connect", "")
 	if !strings.HasPrefix(ws, "/ws?") {
 		t.Fatalf("ws-connect %q", ws)
@@ -303,7 +304,8 @@ func TestOutboxPageHearsChangesOverItsSocket(t *testing.T) {
 // The outbox pages' socket carries their notice only, never the dashboard's
 // fragments (they have no target there: htmx:oobErrorNoTarget in the
 // browser's console on every tick): no frame at all while the figures a page
-// shows stay put, then the notice when they move.
+// shows stay put, then the notice when they move: the list's about the
+// outbox, the event page's about its event.
 func TestOutboxPagesSocketGetsNoDashboardFragments(t *testing.T) {
 	t.Parallel()
 	h := start(t, options{tick: 100 * time.Millisecond})
@@ -355,16 +357,17 @@ func TestOutboxPagesSocketGetsNoDashboardFragments(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, ch := range frames {
+		slot, want := []string{"#outbox-changed", "#record-changed"}[i], []string{"dead letters 1 → 0", "status dead → pending"}[i]
 		for {
 			f, ok := <-ch
 			if !ok {
 				t.Fatalf("page %d: the socket ended before the notice", i)
 			}
 			d := doc(t, f)
-			if other := d.Find(`[hx-swap-oob]:not(#outbox-changed)`); other.Length() > 0 {
+			if other := d.Find(`[hx-swap-oob]:not(` + slot + `)`); other.Length() > 0 {
 				t.Fatalf("page %d got a fragment it has no target for: %.300s", i, f)
 			}
-			if strings.Contains(d.Find(`#outbox-changed`).Text(), "dead letters 1 → 0") {
+			if strings.Contains(d.Find(slot).Text(), want) {
 				break
 			}
 		}

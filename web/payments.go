@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/audit"
 	"github.com/sluice-dev/sluice/internal/auth"
 	"github.com/sluice-dev/sluice/internal/db"
+	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/payments"
 	"github.com/sluice-dev/sluice/views"
@@ -292,6 +293,10 @@ func (a *App) paymentData(ctx context.Context, c echo.Context, op uuid.UUID) (vi
 	if err := a.pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&d.ReadAt); err != nil {
 		return d, err
 	}
+	// The live notice's mark: the status and requests this page shows.
+	// ReadAt is after every read above, so a state the feed read later is
+	// never older than the page's.
+	d.Live = recordWatchURL(live.Watch{Kind: live.KindPayment, ID: op}, paymentMark(payments.StateOf(p, d.Approvals)), d.ReadAt)
 	return d, nil
 }
 

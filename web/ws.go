@@ -83,9 +83,20 @@ func (a *App) ws(c echo.Context) error {
 	conn.SetReadLimit(wsReadLimit)
 	_ = conn.SetReadDeadline(time.Now().Add(wsPongWait))
 	conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(wsPongWait)) })
-	client := a.feed.SubscribePage(hash, page)
-	defer a.feed.Unsubscribe(client)
 	watch := newOutboxWatch(req.URL.Query()) // an outbox page's live notice (outbox_live.go)
+	var (
+		client *live.Client
+		record *recordWatch // a detail page's live notice (record_live.go)
+	)
+	if page == live.PageRecord {
+		record = newRecordWatch(req.URL.Query())
+	}
+	if record != nil {
+		client = a.feed.SubscribeRecord(hash, record.w)
+	} else {
+		client = a.feed.SubscribePage(hash, page)
+	}
+	defer a.feed.Unsubscribe(client)
 
 	meta := requestMeta(c)
 	ctx, cancel := context.WithCancel(req.Context())
@@ -111,14 +122,19 @@ func (a *App) ws(c echo.Context) error {
 			return nil
 		case msg := <-client.Messages():
 			_ = conn.SetWriteDeadline(time.Now().Add(wsWriteTimeout))
-			// An empty message (PageOutbox) only says a snapshot was read:
-			// nothing to write but the notice.
+			// An empty message (PageOutbox, PageRecord) only says a
+			// snapshot was read: nothing to write but the notice.
 			if len(msg) > 0 {
 				if err := conn.WriteMessage(websocket.TextMessage, msg); err != nil {
 					return nil
 				}
 			}
 			if notice := a.outboxNotice(watch); notice != nil {
+				if err := conn.WriteMessage(websocket.TextMessage, notice); err != nil {
+					return nil
+				}
+			}
+			if notice := a.recordNotice(client, record); notice != nil {
 				if err := conn.WriteMessage(websocket.TextMessage, notice); err != nil {
 					return nil
 				}
@@ -165,10 +181,16 @@ func (a *App) ws(c echo.Context) error {
 }
 
 // pagePermission is what a socket's page needs (known: the page exists).
-// The dashboard's and the outbox pages' feeds are every signed-in role's.
+// The dashboard's, the outbox pages' and the detail pages' feeds are every
+// signed-in role's.
 func pagePermission(page string) (need auth.Permission, known bool) {
 	switch page {
 	case live.PageDashboard, live.PageOutbox:
+		return auth.PermView, true
+	case live.PageRecord:
+		// Both kinds a detail page watches (an event, a payment) are
+		// shown to every role, and the socket pushes no more than the
+		// page shows (statuses and counts, no customer data).
 		return auth.PermView, true
 	case live.PageJobs:
 		return auth.PermOutboxAct, true

@@ -30,10 +30,15 @@ const (
 	PageJobs      = "jobs"
 	PageAudit     = "audit"     // the audit pages: the chain's verification state
 	PageApprovals = "approvals" // the approvals page: a signal to reload its list
-	// PageOutbox is the outbox pages (list and event): no fragment, but an
-	// empty message on subscribe and on every tick, after which their socket
-	// compares the newest snapshot with the page's own (web/outbox_live.go).
+	// PageOutbox is the outbox list: no fragment, but an empty message on
+	// subscribe and on every tick, after which its socket compares the
+	// newest snapshot with the page's own (web/outbox_live.go).
 	PageOutbox = "outbox"
+	// PageRecord is a detail page watching the record it shows
+	// (SubscribeRecord): no fragment, but an empty message on subscribe and
+	// on every tick, after which its socket compares the record's newest
+	// state (Record) with its page's (web/record_live.go).
+	PageRecord = "record"
 )
 
 // RenderFunc renders the dashboard's live fragments (out-of-band swaps) for
@@ -75,6 +80,7 @@ type Config struct {
 type Client struct {
 	session string
 	page    string
+	watch   *Watch // the record its page watches; nil: none, or beyond MaxWatched
 	send    chan []byte
 	done    chan struct{}
 	once    sync.Once
@@ -104,8 +110,9 @@ type Feed struct {
 	cfg    Config
 	log    *slog.Logger
 
-	queries atomic.Int64 // snapshot statements run
-	ticks   atomic.Int64
+	queries       atomic.Int64 // snapshot statements run
+	ticks         atomic.Int64
+	recordQueries atomic.Int64 // watched records' statements run (ReadRecords)
 
 	poke chan struct{} // Poke: read a snapshot soon
 
@@ -122,6 +129,9 @@ type Feed struct {
 	order     []fragKey          // the last render's fragments, in order
 	clients   map[*Client]struct{}
 	dropped   int64
+	watched   watchSet              // the records sockets watch, with their counts
+	records   map[Watch]RecordState // their states as last read
+	refused   int64                 // watches beyond MaxWatched
 }
 
 type fragKey struct{ page, id string }
@@ -146,7 +156,7 @@ func New(q Querier, listen *pgxpool.Pool, cfg Config) *Feed {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Feed{q: q, listen: listen, cfg: cfg, log: cfg.Logger, frags: map[fragKey][]byte{},
-		clients: map[*Client]struct{}{}, poke: make(chan struct{}, 1)}
+		clients: map[*Client]struct{}{}, poke: make(chan struct{}, 1), watched: watchSet{}, records: map[Watch]RecordState{}}
 }
 
 // Run polls until ctx ends, then closes every client.
@@ -235,15 +245,31 @@ func (f *Feed) Poke() {
 func (f *Feed) Step(ctx context.Context) error {
 	f.mu.Lock()
 	prev := f.latest.At
+	events, pays := f.watched.ids(KindEvent), f.watched.ids(KindPayment)
 	f.mu.Unlock()
 	f.queries.Add(1)
 	s, err := ReadSnapshot(ctx, f.q, prev, &f.cursor)
 	if err != nil {
 		return err
 	}
+	// The watched records: one more statement, only when a socket watches
+	// one. Failing, the states read before stay (each true as of its read,
+	// which the sockets compare by time), and the snapshot still goes out.
+	var records map[Watch]RecordState
+	if len(events)+len(pays) > 0 {
+		f.recordQueries.Add(1)
+		if records, err = ReadRecords(ctx, f.q, events, pays); err != nil && ctx.Err() == nil {
+			f.log.Warn("live: read the watched records", "err", err)
+		}
+	} else {
+		records = map[Watch]RecordState{}
+	}
 	f.ticks.Add(1)
 	f.mu.Lock()
 	f.latest, f.haveFirst = s, true
+	if records != nil {
+		f.records = records
+	}
 	// The ring keeps only the scalar figures the sparklines draw: an hour
 	// of full snapshots would hold every topic's backlog and both recent
 	// lists thousands of times, memory that grows with the number of topics.
@@ -297,7 +323,7 @@ func (f *Feed) Step(ctx context.Context) error {
 		switch {
 		case msgs[c.page] != nil:
 			msg = msgs[c.page].Bytes()
-		case c.page == PageOutbox:
+		case c.page == PageOutbox, c.page == PageRecord:
 			msg = []byte{} // a snapshot was read: the tick itself is the news
 		default:
 			continue
@@ -307,7 +333,7 @@ func (f *Feed) Step(ctx context.Context) error {
 		default:
 			// A slow client is dropped, never buffered without bound; its
 			// browser reconnects and gets the full state again.
-			delete(f.clients, c)
+			f.remove(c)
 			f.dropped++
 			c.close(ClosedSlow)
 		}
@@ -325,16 +351,35 @@ func (f *Feed) Subscribe(sessionHash string) *Client {
 // it receives that page's fragments only, the full current state first
 // (PageOutbox: an empty message, once a snapshot has been read).
 func (f *Feed) SubscribePage(sessionHash, page string) *Client {
+	return f.subscribe(sessionHash, page, nil)
+}
+
+// SubscribeRecord adds a client of a detail page (PageRecord) watching the
+// record w: from the next tick the feed reads w's state with the other
+// watched records, and Record returns it. A record beyond MaxWatched of its
+// kind is not watched: the client still gets its ticks, and Record nothing.
+func (f *Feed) SubscribeRecord(sessionHash string, w Watch) *Client {
+	return f.subscribe(sessionHash, PageRecord, &w)
+}
+
+func (f *Feed) subscribe(sessionHash, page string, w *Watch) *Client {
 	c := &Client{session: sessionHash, page: page, send: make(chan []byte, f.cfg.ClientBuffer), done: make(chan struct{})}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if w != nil {
+		if f.watched.add(*w) {
+			c.watch = w
+		} else {
+			f.refused++
+		}
+	}
 	var full bytes.Buffer
 	for _, k := range f.order {
 		if k.page == page {
 			full.Write(f.frags[k])
 		}
 	}
-	if full.Len() > 0 || (page == PageOutbox && f.haveFirst) {
+	if full.Len() > 0 || ((page == PageOutbox || page == PageRecord) && f.haveFirst) {
 		c.send <- full.Bytes()
 	}
 	f.clients[c] = struct{}{}
@@ -344,7 +389,7 @@ func (f *Feed) SubscribePage(sessionHash, page string) *Client {
 // Unsubscribe removes a client (its socket closed).
 func (f *Feed) Unsubscribe(c *Client) {
 	f.mu.Lock()
-	delete(f.clients, c)
+	f.remove(c)
 	f.mu.Unlock()
 	c.close(ClosedByClient)
 }
@@ -356,7 +401,7 @@ func (f *Feed) CloseSession(sessionHash string) int {
 	n := 0
 	for c := range f.clients {
 		if c.session == sessionHash {
-			delete(f.clients, c)
+			f.remove(c)
 			c.close(ClosedSession)
 			n++
 		}
@@ -368,9 +413,50 @@ func (f *Feed) closeAll(r CloseReason) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for c := range f.clients {
-		delete(f.clients, c)
+		f.remove(c)
 		c.close(r)
 	}
+}
+
+// remove forgets a client and its watch (f.mu held). Only a client still
+// subscribed gives its watch back, so a client removed twice (dropped as
+// slow, then unsubscribed by its socket) counts once.
+func (f *Feed) remove(c *Client) {
+	if _, ok := f.clients[c]; !ok {
+		return
+	}
+	delete(f.clients, c)
+	if c.watch != nil {
+		f.watched.remove(*c.watch)
+	}
+}
+
+// Record is the newest state read of the record the client watches, false
+// when it watches none (beyond MaxWatched) or none has been read yet.
+func (f *Feed) Record(c *Client) (RecordState, bool) {
+	if c.watch == nil {
+		return RecordState{}, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.records[*c.watch]
+	return s, ok
+}
+
+// Watching reports whether the client's record is watched (false: none
+// asked, or beyond MaxWatched).
+func (c *Client) Watching() bool { return c.watch != nil }
+
+// WatchStats are the watched records' counters: statements run, records
+// watched now per kind, and watches refused beyond MaxWatched.
+func (f *Feed) WatchStats() (queries int64, watched map[string]int, refused int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	watched = map[string]int{}
+	for kind, ids := range f.watched {
+		watched[kind] = len(ids)
+	}
+	return f.recordQueries.Load(), watched, f.refused
 }
 
 // Latest is the newest snapshot (false before the first).

@@ -2,7 +2,8 @@
 // snapshot of the system per tick (woken early by LISTEN/NOTIFY), keeps an
 // hour of them in memory for sparklines, and a hub pushes the rendered
 // changes to every subscribed browser. Cost is one query per tick per
-// process, whatever the number of browsers.
+// process, whatever the number of browsers, and one more while detail pages
+// watch their records (watch.go).
 package live
 
 import (
