@@ -231,10 +231,10 @@ func TestStaleActionIsAConflictShowingTheCurrentState(t *testing.T) {
 	if d.Find(`[data-testid="published-at"]`).Length() != 1 {
 		t.Error("the current timeline is missing")
 	}
-	// A published event has reached its end: no notice of the outbox's
-	// figures, which its page does not show.
-	if d.Find(`[ws-connect]`).Length() != 0 {
-		t.Error("a published event's page follows the outbox's live notice")
+	// The page's live notice concerns the event it shows, never the
+	// outbox's figures, which the page does not show.
+	if ws := d.Find(`[ws-connect]`).AttrOr("ws-connect", ""); !strings.Contains(ws, "page=record") || !strings.Contains(ws, "id="+id.String()) || strings.Contains(ws, "watch=outbox") {
+		t.Errorf("the page's socket %q does not watch the event alone", ws)
 	}
 	var deadReason *string
 	if err := h.pool.QueryRow(context.Background(), `SELECT dead_reason FROM outbox_event WHERE id = $1`, id).Scan(&deadReason); err != nil || deadReason != nil {
