@@ -129,12 +129,16 @@ func (a *App) paymentList(c echo.Context) error {
 	return render(c, http.StatusOK, views.PaymentList(a.page(c, "Payments", "/payments"), d))
 }
 
-// paymentSearch is POST /payments/search: a customer's payments by exact
-// email or tax id, without any clear value in a query, a log or the audit
-// trail. The typed value is normalised and looked up by its blind index;
-// the search is audited with a keyed hash of it (pii.SearchHash, another
-// key than the index's, so the trail cannot be joined to the table).
-func (a *App) paymentSearch(c echo.Context) error {
+// searchPurpose is what a customer search's sealed terms are for.
+const searchPurpose = "payments.search"
+
+// paymentSearchForm is POST /payments/search: it checks what was typed and
+// answers 303 to GET /payments/search with the terms sealed for this
+// session (auth.SealForURL), so the results page is a page like any other:
+// Back returns to it and a reload reads it, without the browser offering
+// to send the form again (a reviewer met that on support's main path). The
+// URL carries no clear value, and opens only with this session's cookie.
+func (a *App) paymentSearchForm(c echo.Context) error {
 	c.Response().Header().Set("Cache-Control", "no-store")
 	if a.kr == nil {
 		return &publicError{status: http.StatusServiceUnavailable, msg: "This console holds no personal-data keys (PII_KEYS), so it cannot search by customer."}
@@ -143,8 +147,34 @@ func (a *App) paymentSearch(c echo.Context) error {
 	if len(typed) > 200 {
 		return badRequest("The value to look for is longer than 200 characters.")
 	}
-	ctx := c.Request().Context()
+	if payments.CheckCustomerSearch(field, typed) != nil {
+		return badRequest("Choose email or tax id and type the exact value to look for.")
+	}
+	q, err := auth.SessionFrom(c).SealForURL(searchPurpose, field+"\x00"+typed)
+	if err != nil {
+		return err
+	}
+	return c.Redirect(http.StatusSeeOther, "/payments/search?"+url.Values{"q": {q}}.Encode())
+}
+
+// paymentSearch is GET /payments/search?q=…: a customer's payments by exact
+// email or tax id, without any clear value in a query, a log or the audit
+// trail. The typed value is normalised and looked up by its blind index;
+// the search is audited with a keyed hash of it (pii.SearchHash, another
+// key than the index's, so the trail cannot be joined to the table). Each
+// load is a search: audited, and counted against the user's limit.
+func (a *App) paymentSearch(c echo.Context) error {
+	c.Response().Header().Set("Cache-Control", "no-store")
+	if a.kr == nil {
+		return &publicError{status: http.StatusServiceUnavailable, msg: "This console holds no personal-data keys (PII_KEYS), so it cannot search by customer."}
+	}
 	sess := auth.SessionFrom(c)
+	terms, err := sess.OpenFromURL(searchPurpose, c.QueryParam("q"))
+	field, typed, ok := strings.Cut(terms, "\x00")
+	if err != nil || !ok {
+		return badRequest("This search cannot be read here: it was made before your last sign-in, in another session, or the address was changed. Search again from the payments list.")
+	}
+	ctx := c.Request().Context()
 	meta := requestMeta(c)
 	ev := audit.Event{
 		ActorIss: sess.Issuer, ActorSub: sess.Subject, ActorName: sess.Name, ActorRoles: sess.RoleNames(),

@@ -38,7 +38,15 @@ func TestSearchPaymentsByCustomerWithoutPlaintext(t *testing.T) {
 	}
 	search := func(field, typed string) ([]string, string) {
 		t.Helper()
-		resp, body := b.postForm(t, h.base+"/payments/search", token, url.Values{"customer_field": {field}, "customer": {typed}})
+		resp, _ := b.postForm(t, h.base+"/payments/search", token, url.Values{"customer_field": {field}, "customer": {typed}})
+		loc := resp.Header.Get("Location")
+		if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(loc, "/payments/search?q=") {
+			t.Fatalf("search %s: %d to %q, want 303 to the results page", field, resp.StatusCode, loc)
+		}
+		if strings.Contains(strings.ToLower(loc), "zebulon") || strings.Contains(loc, "123") {
+			t.Fatalf("the results page's address carries what was typed: %s", loc)
+		}
+		resp, body := b.get(t, h.base+loc, "text/html")
 		if resp.StatusCode != http.StatusOK || resp.Header.Get("Cache-Control") != "no-store" {
 			t.Fatalf("search %s: %d, Cache-Control %q", field, resp.StatusCode, resp.Header.Get("Cache-Control"))
 		}
@@ -82,6 +90,10 @@ func TestCustomerSearchesAreLimitedPerUser(t *testing.T) {
 	b, token := h.signedIn(t, "support")
 	search := func(b *browser, token string) int {
 		resp, _ := b.postForm(t, h.base+"/payments/search", token, url.Values{"customer_field": {"tax_id"}, "customer": {"12345678901"}})
+		if resp.StatusCode != http.StatusSeeOther {
+			t.Fatalf("the search form: %d, want 303", resp.StatusCode)
+		}
+		resp, _ = b.get(t, h.base+resp.Header.Get("Location"), "text/html")
 		return resp.StatusCode
 	}
 	for i := 0; i < web.SearchesPerMinute; i++ {
@@ -98,5 +110,44 @@ func TestCustomerSearchesAreLimitedPerUser(t *testing.T) {
 	other, otherToken := h.signedIn(t, "oncall")
 	if code := search(other, otherToken); code != http.StatusOK {
 		t.Fatalf("another user's search: %d", code)
+	}
+}
+
+// The results page is a GET of its own address, so Back and reload read it
+// (a POST's answer made the browser offer to send the form again). Its
+// address carries the terms sealed for the session: they open with that
+// session's cookie only, so the address is no use in another session, and
+// an address changed by hand is refused with what to do.
+func TestCustomerSearchResultsHaveAnAddressOfTheirSession(t *testing.T) {
+	t.Parallel()
+	kr := testKeyring(t, "k1")
+	h := start(t, options{keyring: kr})
+	acc := paymentstest.Account(t, h.pool, paymentstest.AccountOpts{ID: 42, Balance: "1000"})
+	op := paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Amount: "5.00", EmailIndex: kr.BlindIndex(pii.FieldEmail, canaryEmail)})
+	b, token := h.signedIn(t, "support")
+	resp, _ := b.postForm(t, h.base+"/payments/search", token, url.Values{"customer_field": {"email"}, "customer": {canaryEmail}})
+	loc := resp.Header.Get("Location")
+	for i := range 2 { // the page, then its reload
+		resp, body := b.get(t, h.base+loc, "text/html")
+		if resp.StatusCode != http.StatusOK || doc(t, body).Find(`[data-testid="row"][data-id="`+op.String()+`"]`).Length() != 1 {
+			t.Fatalf("load %d of the results: %d", i+1, resp.StatusCode)
+		}
+	}
+	if n := h.countAudit(t, `action = 'payments.search' AND outcome = 'ok'`); n != 2 {
+		t.Fatalf("%d audited searches, want 2: each load is a search", n)
+	}
+	other, _ := h.signedIn(t, "oncall")
+	tampered := loc[:len(loc)-3] + "AAA"
+	for name, c := range map[string]struct {
+		b   *browser
+		loc string
+	}{"another session": {other, loc}, "changed": {b, tampered}, "none": {b, "/payments/search"}} {
+		resp, body := c.b.get(t, h.base+c.loc, "text/html")
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "Search again") {
+			t.Errorf("%s: %d, want 400 saying to search again", name, resp.StatusCode)
+		}
+	}
+	if n := h.countAudit(t, `action = 'payments.search' AND outcome = 'ok'`); n != 2 {
+		t.Fatalf("%d audited searches after refused addresses, want still 2", n)
 	}
 }

@@ -66,7 +66,8 @@ func (a *App) routes() []route {
 		// files, discrepancies (payments*.go, approvals.go, settlements.go,
 		// discrepancies.go).
 		{http.MethodGet, "/payments", page(auth.PermView), a.paymentList},
-		{http.MethodPost, "/payments/search", api(auth.PermView), a.paymentSearch},
+		{http.MethodPost, "/payments/search", api(auth.PermView), a.paymentSearchForm},
+		{http.MethodGet, "/payments/search", page(auth.PermView), a.paymentSearch},
 		{http.MethodGet, "/payments/settlements", page(auth.PermPaymentsAct), a.settlementForm},
 		{http.MethodPost, "/payments/settlements", api(auth.PermPaymentsAct), a.settlementUpload},
 		// Discrepancies: every role that sees payments sees the list; who

@@ -26,6 +26,18 @@ func CustomerPlace(op uuid.UUID) pii.Place {
 // ErrInvalidSearch reports a customer search that cannot be run.
 var ErrInvalidSearch = errors.New("payments: invalid customer search")
 
+// CheckCustomerSearch says whether FindByCustomer can run a search for
+// typed in field (ErrInvalidSearch when not), without running it.
+func CheckCustomerSearch(field, typed string) error {
+	if _, ok := searchColumns[field]; !ok {
+		return fmt.Errorf("%w: field must be %s or %s", ErrInvalidSearch, pii.FieldEmail, pii.FieldTaxID)
+	}
+	if pii.Normalize(field, typed) == "" {
+		return fmt.Errorf("%w: the %s to look for is empty", ErrInvalidSearch, field)
+	}
+	return nil
+}
+
 // SearchPage is one step of a customer search's keyset walk: the rows
 // after After, at most Limit.
 type SearchPage struct {
@@ -53,13 +65,10 @@ var searchColumns = map[string]string{
 // operation id order from page.After. The caller audits the search with
 // kr.SearchHash, never with the typed value or the blind index.
 func FindByCustomer(ctx context.Context, q db.Querier, kr *pii.Keyring, field, typed string, page SearchPage) ([]Payment, error) {
-	col, ok := searchColumns[field]
-	if !ok {
-		return nil, fmt.Errorf("%w: field must be %s or %s", ErrInvalidSearch, pii.FieldEmail, pii.FieldTaxID)
+	if err := CheckCustomerSearch(field, typed); err != nil {
+		return nil, err
 	}
-	if pii.Normalize(field, typed) == "" {
-		return nil, fmt.Errorf("%w: the %s to look for is empty", ErrInvalidSearch, field)
-	}
+	col := searchColumns[field]
 	switch {
 	case page.Limit == 0:
 		page.Limit = DefaultPageLimit
