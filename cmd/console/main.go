@@ -19,6 +19,7 @@ import (
 	"syscall"
 
 	"github.com/sluice-dev/sluice/internal/config"
+	"github.com/sluice-dev/sluice/internal/db"
 )
 
 // env is what a subcommand gets from the outside world; tests pass their own.
@@ -77,7 +78,7 @@ func run(ctx context.Context, args []string, e env) int {
 		fmt.Fprintf(e.stderr, "console: unknown subcommand %q (try `console --help`)\n", args[0])
 		return 2
 	}
-	err := cmd.run(ctx, e, args[1:])
+	err := cmd.run(db.WithApplicationName(ctx, "sluice "+args[0]), e, args[1:])
 	var uerr *config.UsageError
 	switch {
 	case err == nil, errors.Is(err, config.ErrHelp):

@@ -22,8 +22,22 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return OpenConfig(ctx, cfg)
 }
 
+// applicationNameKey carries the name Open gives its connections.
+type applicationNameKey struct{}
+
+// WithApplicationName names the connections Open and OpenConfig make with
+// ctx (PostgreSQL's application_name, unless the URL sets one), so that
+// pg_stat_activity and the server's log tell a relay's sessions from the
+// console's (an outage drill could not aim at one part's sessions).
+func WithApplicationName(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, applicationNameKey{}, name)
+}
+
 // OpenConfig is Open for a parsed configuration (tests tune pool sizes).
 func OpenConfig(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
+	if name, ok := ctx.Value(applicationNameKey{}).(string); ok && cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = name
+	}
 	after := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		registerTypes(c.TypeMap())

@@ -127,3 +127,26 @@ func TestThrowawayClusterStartsAndCleansUp(t *testing.T) {
 		t.Fatalf("cluster folder %s still exists after Stop (stat err %v)", dir, err)
 	}
 }
+
+// Each part names its connections, so pg_stat_activity tells whose session
+// holds a lock; a name the URL gives wins.
+func TestConnectionsCarryTheirPartsName(t *testing.T) {
+	t.Parallel()
+	ctx := db.WithApplicationName(context.Background(), "sluice relay")
+	for _, c := range []struct{ fromURL, want string }{{"", "sluice relay"}, {"mine", "mine"}} {
+		cfg := dbtest.Config(t)
+		if c.fromURL != "" {
+			cfg.ConnConfig.RuntimeParams["application_name"] = c.fromURL
+		}
+		pool, err := db.OpenConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		err = pool.QueryRow(ctx, `SHOW application_name`).Scan(&got)
+		pool.Close()
+		if err != nil || got != c.want {
+			t.Errorf("application_name %q (%v), want %q", got, err, c.want)
+		}
+	}
+}

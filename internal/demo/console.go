@@ -55,6 +55,10 @@ func (d *Demo) startConsole(ctx context.Context) (string, error) {
 	// its gauges come from its own snapshot, not from the services it
 	// watches: the payments service leaves its health gauges to it
 	// (HealthGaugesElsewhere).
+	pool, err := d.openPool(ctx, "console", 0)
+	if err != nil {
+		return "", err
+	}
 	app, err := web.New(ctx, web.Config{
 		PublicURL:        base,
 		OIDCIssuer:       idp.Issuer(),
@@ -68,7 +72,7 @@ func (d *Demo) startConsole(ctx context.Context) (string, error) {
 		ProviderURL:     d.payments.sim.URL(),
 		ProviderTimeout: demoProviderTimeout,
 		TraceURL:        d.cfg.TraceURL,
-	}, web.Deps{Pool: d.pool, Logger: d.log, Listener: ln, Tracing: d.tracing.Provider(),
+	}, web.Deps{Pool: pool, Logger: d.log, Listener: ln, Tracing: d.tracing.Provider(),
 		// One process, one /metrics: the console serves what the relays,
 		// the consumer and the payments service registered too.
 		Registry: d.reg,

@@ -85,18 +85,41 @@ func (d *database) close() error {
 const demoAppRole = "sluice_app"
 
 // asApplicationRole grants demoAppRole what the services need (db.Grant:
-// creating the role, which the cluster's superuser may), closes the owner's
-// pool and returns one connected as the role. The throwaway cluster trusts
-// loopback connections, so the role needs no password.
-func asApplicationRole(ctx context.Context, owner *pgxpool.Pool, ownerURL string) (*pgxpool.Pool, error) {
+// creating the role, which the cluster's superuser may) and returns the URL
+// that connects as the role. The throwaway cluster trusts loopback
+// connections, so the role needs no password.
+func asApplicationRole(ctx context.Context, owner *pgxpool.Pool, ownerURL string) (string, error) {
 	if _, err := db.Grant(ctx, owner, demoAppRole); err != nil {
-		return nil, fmt.Errorf("application role: %w", err)
+		return "", fmt.Errorf("application role: %w", err)
 	}
-	owner.Close()
 	u, err := url.Parse(ownerURL)
+	if err != nil {
+		return "", err
+	}
+	u.User = url.User(demoAppRole)
+	return u.String(), nil
+}
+
+// openPool connects one part of the demo: each part has a pool of its own,
+// as the separate processes of a deployment have, named in
+// pg_stat_activity (application_name "sluice-demo <part>"). With one pool
+// for all, payments waiting on a locked account took every connection,
+// and every console page, the relays and the consumer waited behind them
+// (an outage drill held an account lock for 30 s: pages took 26 s).
+// maxConns sizes it (0: pgx's default, as the console and relay commands).
+func (d *Demo) openPool(ctx context.Context, part string, maxConns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(d.appURL)
 	if err != nil {
 		return nil, err
 	}
-	u.User = url.User(demoAppRole)
-	return db.Open(ctx, u.String())
+	if maxConns > 0 {
+		cfg.MaxConns = int32(maxConns)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = "sluice-demo " + part
+	p, err := db.OpenConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", part, err)
+	}
+	d.pools = append(d.pools, p)
+	return p, nil
 }

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,8 +53,13 @@ type Demo struct {
 	out io.Writer
 	log *slog.Logger
 
-	db      *database
+	db *database
+	// appURL connects as the services' role; pool is the demo's own
+	// connections (setup, status line, anchors), pools every part's
+	// (openPool), closed after the parts stop.
+	appURL  string
 	pool    *pgxpool.Pool
+	pools   []*pgxpool.Pool
 	natsDir string
 	nats    *natsembedded.Server
 	brokers []broker.Broker
@@ -107,26 +113,33 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	if d.db, err = openDatabase(ctx, cfg.DatabaseURL); err != nil {
 		return nil, err
 	}
-	if d.pool, err = db.Open(ctx, d.db.URL()); err != nil {
+	owner, err := db.Open(ctx, d.db.URL())
+	if err != nil {
 		return nil, err
 	}
-	if _, err = db.Migrate(ctx, d.pool); err != nil {
+	defer owner.Close()
+	if _, err = db.Migrate(ctx, owner); err != nil {
 		return nil, err
 	}
-	if _, err = d.pool.Exec(ctx, ordersTable); err != nil {
+	if _, err = owner.Exec(ctx, ordersTable); err != nil {
 		return nil, fmt.Errorf("demo_order table: %w", err)
 	}
+	d.appURL = d.db.URL()
 	step("database ready, schema at version %d", db.LatestVersion())
 	if d.db.cluster != nil {
 		// As in production, the services connect as an application role that
 		// owns nothing and may only INSERT and SELECT the audit trail and the
 		// ledger (db.Grant). The demo owns the throwaway cluster, so it can
 		// create that role; on DATABASE_URL they connect as its user.
-		if d.pool, err = asApplicationRole(ctx, d.pool, d.db.URL()); err != nil {
+		if d.appURL, err = asApplicationRole(ctx, owner, d.db.URL()); err != nil {
 			return nil, err
 		}
 		d.appRole = demoAppRole
 		step("services connect as the application role %s (owns nothing; INSERT and SELECT only on audit_event and ledger_entry)", demoAppRole)
+	}
+	owner.Close()
+	if d.pool, err = d.openPool(ctx, "demo", 0); err != nil {
+		return nil, err
 	}
 
 	brokerURL := cfg.BrokerURL
@@ -166,7 +179,11 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	}
 
 	d.notifier = outbox.NewNotifier(d.pool, 0, log)
-	d.orders = newOrderWorkload(d.pool, cfg.EventRate, d.notifier.Poke)
+	ordersPool, err := d.openPool(ctx, "order workload", 0)
+	if err != nil {
+		return nil, err
+	}
+	d.orders = newOrderWorkload(ordersPool, cfg.EventRate, d.notifier.Poke, log)
 	for i := range cfg.Relays {
 		b, err := openBroker(opts)
 		if err != nil {
@@ -174,8 +191,13 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 		}
 		// Few attempts and short backoff, so a refused event reaches the
 		// dead letters within a minute of the demo's start.
-		r, err := outbox.NewRelay(d.pool, newPoisonPublisher(b), outbox.RelayConfig{
-			Name:        fmt.Sprintf("relay-%d", i+1),
+		name := fmt.Sprintf("relay-%d", i+1)
+		pool, err := d.openPool(ctx, name, 0)
+		if err != nil {
+			return nil, err
+		}
+		r, err := outbox.NewRelay(pool, newPoisonPublisher(b), outbox.RelayConfig{
+			Name:        name,
 			MaxAttempts: relayMaxAttempts,
 			Backoff:     outbox.Backoff{Cap: 10 * time.Second},
 			Tracing:     d.tracing.Provider(),
@@ -194,7 +216,11 @@ func Start(ctx context.Context, cfg config.Demo, out io.Writer, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	in, err := inbox.Open(d.pool, inbox.WithMetrics(d.reg), inbox.WithLogger(log))
+	consumerPool, err := d.openPool(ctx, "consumer", 0)
+	if err != nil {
+		return nil, err
+	}
+	in, err := inbox.Open(consumerPool, inbox.WithMetrics(d.reg), inbox.WithLogger(log))
 	if err != nil {
 		return nil, err
 	}
@@ -305,21 +331,21 @@ func (d *Demo) Run(ctx context.Context) error {
 		pub, now := d.published(), time.Now()
 		rate := float64(pub-last) / now.Sub(lastAt).Seconds()
 		last, lastAt = pub, now
+		// A status line the database cannot answer says so, and the demo
+		// goes on: the parts ride out an outage, and the status line
+		// stopped the demo (and removed its database) at the first one.
 		b, err := outbox.ReadBacklog(ctx, d.pool)
+		var ps string
+		if err == nil {
+			ps, err = d.payments.status(ctx)
+		}
 		if err != nil {
-			if ctx.Err() != nil {
-				continue
+			if ctx.Err() == nil {
+				fmt.Fprintf(d.out, "%s  the database does not answer the status line (the parts retry by themselves): %s\n", now.Format("15:04:05"), oneLine(err))
 			}
-			return err
+			continue
 		}
 		c := d.consumer.Counts()
-		ps, err := d.payments.status(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				continue
-			}
-			return err
-		}
 		fmt.Fprintf(d.out, "%s  outbox: backlog %d, in flight %d, dead %d, published %.0f/s%s | consumer: applied %d, duplicates absorbed %d | %s\n",
 			now.Format("15:04:05"), b.Pending, b.InFlight, b.Dead, rate, d.pausedNote(), c.Applied, c.Duplicates, ps)
 	}
@@ -385,8 +411,8 @@ func (d *Demo) Close() error {
 	if d.anchorFile != "" {
 		errs = append(errs, os.RemoveAll(filepath.Dir(d.anchorFile)))
 	}
-	if d.pool != nil {
-		d.pool.Close()
+	for _, p := range d.pools {
+		p.Close()
 	}
 	if d.db != nil {
 		errs = append(errs, d.db.close())
@@ -443,4 +469,9 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = crand.Read(b) // crypto/rand never fails on the platforms Go supports
 	return hex.EncodeToString(b)
+}
+
+// oneLine is err's text on one line, for the status line.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
 }

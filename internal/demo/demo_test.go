@@ -254,3 +254,93 @@ func TestWithoutPassword(t *testing.T) {
 		}
 	}
 }
+
+// The demo rides out its database's trouble, as its parts do: an outage
+// drill's first restart stopped the whole demo within seconds (the order
+// workload and the status line returned the first error they met) and
+// removed its database. Here every connection of the demo's database is cut
+// again and again for two seconds; the demo goes on, and its parts connect
+// under names of their own (application_name), each part with its own pool.
+func TestDemoRidesOutCutConnections(t *testing.T) {
+	t.Parallel()
+	server := dbtest.URL(t)
+	var cfg config.Demo
+	f := config.NewFlags("demo", "", config.MapLookup(nil), &bytes.Buffer{})
+	cfg.Register(f)
+	if err := f.Parse([]string{
+		"--database-url", server,
+		"--console-addr", "127.0.0.1:0", "--payments-addr", "127.0.0.1:0", "--provider-addr", "127.0.0.1:0",
+		"--event-rate", "100", "--status-every", "100ms",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var out testkit.Buffer
+	ctx := context.Background()
+	d, err := Start(ctx, cfg, &out, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(runCtx) }()
+	testkit.Eventually(t, "events applied", func() (bool, error) { return d.consumer.Counts().Applied >= 20, nil })
+
+	conn, err := pgx.Connect(ctx, server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	names := map[string]bool{}
+	rows, err := conn.Query(ctx, `SELECT DISTINCT application_name FROM pg_stat_activity WHERE datname = $1`, d.db.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		names[n] = true
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"sluice-demo relay-1", "sluice-demo relay-2", "sluice-demo consumer", "sluice-demo payments", "sluice-demo console", "sluice-demo order workload"} {
+		if !names[want] {
+			t.Errorf("no connection named %q among %v", want, names)
+		}
+	}
+
+	cut := 0
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, d.db.name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		cut += n
+	}
+	if cut == 0 {
+		t.Fatal("no connection was cut: the test tried nothing")
+	}
+	select {
+	case err := <-runErr:
+		t.Fatalf("the demo stopped after its connections were cut: %v\n%s", err, out.String())
+	default:
+	}
+	after := d.consumer.Counts().Applied
+	testkit.Eventually(t, "events applied after the cuts", func() (bool, error) { return d.consumer.Counts().Applied >= after+50, nil })
+	select {
+	case err := <-runErr:
+		t.Fatalf("the demo stopped: %v\n%s", err, out.String())
+	default:
+	}
+	stop()
+	if err := <-runErr; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}

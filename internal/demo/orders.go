@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
@@ -33,6 +34,7 @@ const ordersTable = `CREATE TABLE IF NOT EXISTS demo_order (
 
 type orderWorkload struct {
 	pool    *pgxpool.Pool
+	log     *slog.Logger
 	rate    int    // business transactions per second
 	poke    func() // wakes the relays after a commit
 	written atomic.Int64
@@ -41,8 +43,8 @@ type orderWorkload struct {
 
 // newOrderWorkload writes orders into demo_order, which Start creates as
 // the database's owner (the services' role may not create tables).
-func newOrderWorkload(pool *pgxpool.Pool, rate int, poke func()) *orderWorkload {
-	return &orderWorkload{pool: pool, rate: rate, poke: poke}
+func newOrderWorkload(pool *pgxpool.Pool, rate int, poke func(), log *slog.Logger) *orderWorkload {
+	return &orderWorkload{pool: pool, rate: rate, poke: poke, log: log}
 }
 
 // run writes rate transactions per second until ctx ends.
@@ -52,17 +54,30 @@ func (w *orderWorkload) run(ctx context.Context) error {
 	}
 	tick := time.NewTicker(time.Second / time.Duration(w.rate))
 	defer tick.Stop()
+	var failing time.Time // since when steps fail (zero: they do not)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
+		// A failed step is the database's trouble (a restart, a lock, a
+		// cut connection): the business waits and goes on, as an
+		// application would. It stopped the whole demo, and removed its
+		// database, four seconds into an outage drill.
 		if err := w.step(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return err
+			if failing.IsZero() {
+				failing = time.Now()
+				w.log.Warn("demo: order workload: writing failed; retrying each tick", "err", err)
+			}
+			continue
+		}
+		if !failing.IsZero() {
+			w.log.Info("demo: order workload writes again", "after", time.Since(failing).Round(time.Millisecond))
+			failing = time.Time{}
 		}
 		w.poke()
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/shopspring/decimal"
 
+	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/payments"
 	"github.com/sluice-dev/sluice/internal/payments/paymentsapi"
@@ -62,6 +63,10 @@ func (d *Demo) startPayments(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	pool, err := d.openPool(ctx, "payments", config.DefaultPaymentsPoolSize)
+	if err != nil {
+		return err
+	}
 	p := &paymentsPart{pool: d.pool, kr: kr}
 	d.payments = p
 	faults := demoFaults
@@ -70,7 +75,7 @@ func (d *Demo) startPayments(ctx context.Context) error {
 	if err := p.sim.Start(d.cfg.ProviderAddr); err != nil {
 		return fmt.Errorf("PROVIDER_SIM_ADDR %s: %w", d.cfg.ProviderAddr, err)
 	}
-	p.svc, err = payments.NewService(d.pool, provider.NewClient(p.sim.URL(), demoProviderTimeout), kr, payments.Config{
+	p.svc, err = payments.NewService(pool, provider.NewClient(p.sim.URL(), demoProviderTimeout), kr, payments.Config{
 		Lease:             10 * time.Second,
 		RecoveryInterval:  2 * time.Second,
 		ReconcileInterval: 3 * time.Second,
@@ -120,7 +125,7 @@ func (d *Demo) startPayments(ctx context.Context) error {
 		// Shorter than the service's provider timeout: clients give up on slow or
 		// hanging charges and retry with the same key, the scenario of seed 002.
 		ClientTimeout: 1500 * time.Millisecond,
-		Pool:          d.pool,
+		Pool:          pool,
 		Logger:        d.log,
 	})
 	if d.cfg.PaymentRate > 0 {
