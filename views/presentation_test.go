@@ -230,3 +230,18 @@ func TestOldestPendingSaysHeldEventsCount(t *testing.T) {
 		t.Errorf("with none held: %q", h)
 	}
 }
+
+// While the database does not answer, the dashboard's time line says so and
+// that the figures are from before; they must not pass for current ones.
+func TestUpdatedSaysTheFiguresAreFromBeforeAnOutage(t *testing.T) {
+	at := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	d := DashboardData{Ready: true, Snap: live.Snapshot{At: at}}
+	if got := squash(render(t, Updated(d, true)).Find(`[data-testid="updated"]`)); !strings.HasPrefix(got, "as of") {
+		t.Fatalf("while it answers: %q", got)
+	}
+	d.Snap.Unreachable = at.Add(5 * time.Second)
+	p := render(t, Updated(d, true)).Find(`[data-testid="updated"]`)
+	if got := squash(p); !strings.Contains(got, "The database has not answered since") || !strings.Contains(got, "before it") || p.AttrOr("role", "") != "alert" {
+		t.Fatalf("during an outage: %q (role %q)", got, p.AttrOr("role", ""))
+	}
+}

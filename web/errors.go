@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sluice-dev/sluice/internal/auth"
+	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/payments"
 	"github.com/sluice-dev/sluice/views"
@@ -81,7 +82,7 @@ func statusOf(err error) int {
 		return http.StatusUnauthorized
 	case errors.Is(err, ErrInvalid), errors.Is(err, payments.ErrNoResolution):
 		return http.StatusUnprocessableEntity
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded), db.Unreachable(err):
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
@@ -148,5 +150,39 @@ func TestConnectionsCarryTheirPartsName(t *testing.T) {
 		if err != nil || got != c.want {
 			t.Errorf("application_name %q (%v), want %q", got, err, c.want)
 		}
+	}
+}
+
+// A pool whose every connection is taken (requests waiting on a lock) is
+// still ready while its database answers: Ready asks on a connection of its
+// own instead of queueing, and so still tells an unreachable database.
+func TestReadyWhileEveryConnectionIsTaken(t *testing.T) {
+	t.Parallel()
+	cfg := dbtest.Config(t)
+	cfg.MaxConns = 1
+	pool, err := db.OpenConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	held, err := pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.Ready(ctx, pool); err != nil {
+		t.Fatalf("a busy pool of a database that answers: %v", err)
+	}
+	nowhere := dbtest.Config(t)
+	nowhere.ConnConfig.Host, nowhere.ConnConfig.Port = "127.0.0.1", 1
+	gone, err := pgxpool.NewWithConfig(context.Background(), nowhere)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gone.Close()
+	if err := db.Ready(ctx, gone); err == nil {
+		t.Fatal("a database nobody answers for is ready")
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -107,7 +108,7 @@ func LatestVersion() int64 {
 }
 
 // SchemaVersion is the newest migration applied to the database (0 for none).
-func SchemaVersion(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+func SchemaVersion(ctx context.Context, pool RowQuerier) (int64, error) {
 	var exists bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass('goose_db_version') IS NOT NULL`).Scan(&exists); err != nil {
 		return 0, fmt.Errorf("read schema version: %w", err)
@@ -124,7 +125,7 @@ func SchemaVersion(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 
 // CheckSchema refuses a database whose schema is not exactly what this binary
 // ships. Every long-running subcommand calls it at start-up, and /readyz too.
-func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
+func CheckSchema(ctx context.Context, pool RowQuerier) error {
 	have, err := SchemaVersion(ctx, pool)
 	if err != nil {
 		return err
@@ -150,7 +151,21 @@ func MigrationsHash() string {
 
 // Ready reports whether the database answers within the context's deadline
 // and carries the schema this binary ships: what every /readyz answers.
+//
+// When every connection of the pool is taken (requests waiting on a lock,
+// say), it asks on a connection of its own rather than queue behind them:
+// the database answers, so the process is ready. Queued, /readyz timed out
+// and said "database unreachable" through a 30-second lock an outage drill
+// held, which would take every replica out of its load balancer at once.
 func Ready(ctx context.Context, pool *pgxpool.Pool) error {
+	if st := pool.Stat(); st.AcquiredConns() >= st.MaxConns() {
+		conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+		if err != nil {
+			return fmt.Errorf("database unreachable: %w", err)
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		return CheckSchema(ctx, conn)
+	}
 	if err := pool.Ping(ctx); err != nil {
 		return fmt.Errorf("database unreachable: %w", err)
 	}

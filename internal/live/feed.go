@@ -74,6 +74,7 @@ type Config struct {
 	ClientBuffer int           // messages queued per client before it is dropped (default 8)
 	Render       RenderFunc
 	Logger       *slog.Logger
+	Now          func() time.Time // this process's clock (default time.Now): the snapshot's age
 }
 
 // Client is one subscribed browser.
@@ -124,6 +125,8 @@ type Feed struct {
 	mu        sync.Mutex
 	latest    Snapshot
 	haveFirst bool
+	readAt    time.Time // when latest was read (this process's clock)
+	failSince time.Time // when snapshots began to fail (zero: the last one was read)
 	ring      []Snapshot
 	frags     map[fragKey][]byte // last rendered HTML per page and fragment id
 	order     []fragKey          // the last render's fragments, in order
@@ -151,6 +154,9 @@ func New(q Querier, listen *pgxpool.Pool, cfg Config) *Feed {
 	}
 	if cfg.ClientBuffer <= 0 {
 		cfg.ClientBuffer = DefaultClientBuffer
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -250,6 +256,7 @@ func (f *Feed) Step(ctx context.Context) error {
 	f.queries.Add(1)
 	s, err := ReadSnapshot(ctx, f.q, prev, &f.cursor)
 	if err != nil {
+		f.unreachable(ctx)
 		return err
 	}
 	// The watched records: one more statement, only when a socket watches
@@ -266,7 +273,7 @@ func (f *Feed) Step(ctx context.Context) error {
 	}
 	f.ticks.Add(1)
 	f.mu.Lock()
-	f.latest, f.haveFirst = s, true
+	f.latest, f.haveFirst, f.readAt, f.failSince = s, true, f.cfg.Now(), time.Time{}
 	if records != nil {
 		f.records = records
 	}
@@ -286,10 +293,40 @@ func (f *Feed) Step(ctx context.Context) error {
 	}
 	hist := append([]Snapshot(nil), f.ring...)
 	f.mu.Unlock()
+	return f.push(s, hist)
+}
+
+// unreachable records that the database did not answer a snapshot: from the
+// first failure on, Latest marks the last figures read as from before it,
+// and the pages get them so marked once. Without it the dashboard and
+// /metrics went on showing the last figures as current through a
+// 40-second outage (an outage drill), the connection indicator "live".
+func (f *Feed) unreachable(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	f.mu.Lock()
+	first := f.failSince.IsZero()
+	if first {
+		f.failSince = f.cfg.Now()
+	}
+	s, have := f.latest, f.haveFirst
+	s.Unreachable = f.failSince
+	hist := append([]Snapshot(nil), f.ring...)
+	f.mu.Unlock()
+	if first && have {
+		if err := f.push(s, hist); err != nil {
+			f.log.Warn("live: render the unreachable state", "err", err)
+		}
+	}
+}
+
+// push renders s's fragments once, whatever the number of clients, and
+// sends each client its page's changed ones.
+func (f *Feed) push(s Snapshot, hist []Snapshot) error {
 	if f.cfg.Render == nil {
 		return nil
 	}
-	// Rendered once per tick, whatever the number of clients.
 	frags, err := f.cfg.Render(s, hist)
 	if err != nil {
 		return err
@@ -463,7 +500,17 @@ func (f *Feed) WatchStats() (queries int64, watched map[string]int, refused int6
 func (f *Feed) Latest() (Snapshot, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.latest, f.haveFirst
+	s := f.latest
+	s.Unreachable = f.failSince
+	return s, f.haveFirst
+}
+
+// Age is how long ago (this process's clock) the latest snapshot was read;
+// false before the first.
+func (f *Feed) Age() (time.Duration, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cfg.Now().Sub(f.readAt), f.haveFirst
 }
 
 // History is the snapshots of the last hour, oldest first, with their

@@ -3,6 +3,7 @@ package live
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -24,7 +25,15 @@ type collector struct {
 	approvals                                                                      *prometheus.Desc
 	jobs, paused, heldPartial, relays, relaysDisagree                              *prometheus.Desc
 	consumerProcesses, consumerProblems, relaysFailing                             *prometheus.Desc
+	age                                                                            *prometheus.Desc
 }
+
+// StaleAfter is how old the latest snapshot may be, its database not
+// answering, before /metrics leaves its gauges out: a scrape then finds
+// them absent rather than the last figures read, frozen (an alert on the
+// oldest pending event's age could not fire through an outage). A failed
+// read or two (a restart, a slow statement) leaves them in.
+const StaleAfter = 15 * time.Second
 
 // Register adds the feed's gauges to reg.
 func (f *Feed) Register(reg prometheus.Registerer) error {
@@ -62,13 +71,16 @@ func (f *Feed) Register(reg prometheus.Registerer) error {
 		consumerProblems: prometheus.NewDesc("sluice_inbox_consumer_problems",
 			"What the consumer processes leave unread, as the inbox page lists it: consumers none of whose processes runs, processes reading a shard count the relays do not publish on or several counts, shards no running process may read.",
 			nil, nil),
+		age: prometheus.NewDesc("sluice_console_snapshot_age_seconds",
+			fmt.Sprintf("Seconds since this console last read its snapshot (every tick while the database answers); past %s the snapshot's gauges are left out.", StaleAfter),
+			nil, nil),
 		paused: prometheus.NewDesc("sluice_outbox_topic_paused",
 			"1 for each topic an operator paused (relays do not publish it until it is resumed).", []string{"topic"}, nil),
 	})
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.approvals, c.clients, c.jobs, c.paused, c.heldPartial, c.relays, c.relaysDisagree, c.relaysFailing, c.consumerProcesses, c.consumerProblems} {
+	for _, d := range []*prometheus.Desc{c.backlog, c.oldest, c.dead, c.held, c.unknown, c.reconcile, c.stuck, c.discrepancies, c.approvals, c.clients, c.jobs, c.paused, c.heldPartial, c.relays, c.relaysDisagree, c.relaysFailing, c.consumerProcesses, c.consumerProblems, c.age} {
 		ch <- d
 	}
 }
@@ -77,6 +89,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.clients, prometheus.GaugeValue, float64(c.f.Clients()))
 	s, ok := c.f.Latest()
 	if !ok {
+		return
+	}
+	age, _ := c.f.Age()
+	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, age.Seconds())
+	if !s.Unreachable.IsZero() && age > StaleAfter {
 		return
 	}
 	c.mu.Lock()

@@ -51,6 +51,10 @@ type Snapshot struct {
 	Approvals        payments.PendingState // four-eyes requests waiting (count and newest id)
 	Relays           outbox.Relays         // what the relays' reports say: running, paused on a broker outage, silent
 	Processes        []inbox.ProcessRow    // the consumer processes' reports
+	// Unreachable is when the database stopped answering the feed (this
+	// process's clock; zero while it answers): the figures above are then
+	// the last ones read, from before, and pages say so (Feed.Latest).
+	Unreachable time.Time
 }
 
 // ConsumerProblems is what the consumer processes leave unread, against the
