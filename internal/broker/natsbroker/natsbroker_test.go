@@ -219,7 +219,8 @@ func TestConsumerCrashKeepsOrder(t *testing.T) {
 
 // A publish while the NATS server is gone fails as broker.ErrUnavailable (so
 // the relay backs off without spending the event's attempts), and the same
-// client publishes again once a server is back on the port and folder.
+// client publishes again once a server is back on the port and folder. The
+// log says when the connection went and when it came back.
 func TestPublishDuringOutageIsUnavailable(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -229,7 +230,14 @@ func TestPublishDuringOutageIsUnavailable(t *testing.T) {
 	}
 	port := srv.Port()
 	ctx := context.Background()
-	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t)})
+	var logs testkit.Buffer
+	b := open(t, srv.ClientURL(), broker.Options{Namespace: brokertest.Namespace(t), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	defer func() {
+		// The client calls its handlers on a goroutine of its own.
+		testkit.Eventually(t, "the log to say the connection went and came back", func() (bool, error) {
+			return strings.Contains(logs.String(), "NATS connection lost; reconnecting") && strings.Contains(logs.String(), "NATS connection restored"), nil
+		})
+	}()
 	msgs := brokertest.Messages(2, 1)
 	if err := b.Publish(ctx, msgs[0]); err != nil {
 		t.Fatal(err)
