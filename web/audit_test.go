@@ -3,6 +3,7 @@ package web_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -103,6 +104,20 @@ func TestAuditListFiltersPages(t *testing.T) {
 	}
 	if got := squashed(d.Find(`[data-testid="count"]`)); !strings.HasPrefix(got, `1 row matches actor "Bob"`) {
 		t.Errorf("count line %q", got)
+	}
+
+	// A reason is what the person typed: in the error colour only on a
+	// refused or failed row, whose outcome is marked too.
+	_, d = get("?actor=Bob")
+	row := func(seq int64) *goquery.Selection {
+		return d.Find(fmt.Sprintf(`[data-testid="row"][data-seq="%d"]`, seq))
+	}
+	if ok := row(bobDiscard); ok.Find(`[data-testid="row-reason"]`).Text() != "duplicate" ||
+		ok.Find(`.bad, .err`).Length() != 0 {
+		t.Errorf("an ok row's reason looks like an error: %s", goquery.NodeName(ok.Find(`.bad, .err`)))
+	}
+	if denied := row(bobDenied); !denied.Find(`[data-testid="row-outcome"]`).HasClass("bad") {
+		t.Error("a denied row's outcome is not marked")
 	}
 
 	// Keyset pages: 50, 50, 20, newest first, no repeats or gaps.
