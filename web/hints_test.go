@@ -1,8 +1,11 @@
 package web_test
 
 import (
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // A filter field with a rule of its own says it next to the field, linked
@@ -32,5 +35,32 @@ func TestFilterFieldsSayTheirRulesBeforeASubmit(t *testing.T) {
 	resp, body := b.get(t, h.base+"/outbox?error_text=timeout", "text/html")
 	if resp.StatusCode != 400 || !strings.Contains(doc(t, body).Find(`[data-testid="problem"]`).Text(), "needs a status other than published") {
 		t.Errorf("error search alone: %d", resp.StatusCode)
+	}
+}
+
+// A bulk form refused for a field says so at the field: marked invalid,
+// described by its error and focused as the page opens; the line above the
+// form is a sentence (it began "an aggregate id needs …").
+func TestBulkFormErrorsSitAtTheirField(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	b, token := h.signedIn(t, "oncall")
+	resp, body := b.postForm(t, h.base+"/outbox/bulk", token, url.Values{"dry_run": {"1"}, "action": {"retry"}, "aggregate_id": {"order-7"}})
+	d := doc(t, body)
+	in := d.Find(`[data-testid="bulk-aggregate_id"]`)
+	if resp.StatusCode != http.StatusUnprocessableEntity || in.AttrOr("aria-invalid", "") != "true" || in.AttrOr("autofocus", "no") == "no" {
+		t.Fatalf("aggregate id without its type: %d, field marked %q, focused %v", resp.StatusCode, in.AttrOr("aria-invalid", ""), in.AttrOr("autofocus", "no") != "no")
+	}
+	if got := squashed(d.Find("#" + in.AttrOr("aria-describedby", "none"))); got != "an aggregate id needs its aggregate type: fill in Aggregate type too" {
+		t.Errorf("the field's error %q", got)
+	}
+	if d.Find(`[aria-invalid]`).Length() != 1 || d.Find(`[autofocus]`).Length() != 1 {
+		t.Errorf("%d fields marked, %d focused; want the aggregate id alone", d.Find(`[aria-invalid]`).Length(), d.Find(`[autofocus]`).Length())
+	}
+	// A refusal only the filter's rules know (a dead-letter of dead
+	// events) is a sentence above the form.
+	_, body = b.postForm(t, h.base+"/outbox/bulk", token, url.Values{"dry_run": {"1"}, "status": {"dead"}, "action": {"dead_letter"}, "reason": {"x"}})
+	if got := squashed(doc(t, body).Find(`[data-testid="bulk-problem"]`)); got == "" || !unicode.IsUpper([]rune(got)[0]) || !strings.HasSuffix(got, ".") {
+		t.Errorf("the problem line %q is not a sentence", got)
 	}
 }

@@ -189,6 +189,24 @@ func TestResolveNeedsReasonAndEvidence(t *testing.T) {
 	if resp.StatusCode != http.StatusUnprocessableEntity || doc(t, body).Find(`[data-testid="evidence-error"]`).Length() != 1 {
 		t.Fatalf("%d without evidence", resp.StatusCode)
 	}
+	// The refused field is marked, described by its error and focused as
+	// the page opens (a keyboard user landed at the top of the page).
+	d := doc(t, body)
+	ev, reason := d.Find(`[data-testid="evidence"]`), d.Find(`[data-testid="reason"]`)
+	if ev.AttrOr("aria-invalid", "") != "true" || ev.AttrOr("autofocus", "no") == "no" ||
+		d.Find("#"+ev.AttrOr("aria-describedby", "none")).AttrOr("data-testid", "") != "evidence-error" {
+		t.Error("the evidence field is not marked, described and focused")
+	}
+	if _, invalid := reason.Attr("aria-invalid"); invalid || reason.AttrOr("autofocus", "no") != "no" {
+		t.Error("the reason, which was given, is marked or focused")
+	}
+	form.Set("reason", "")
+	_, body = h.postForm(t, b, "/payments/"+op.String()+"/resolve", form)
+	if d := doc(t, body); d.Find(`[autofocus]`).Length() != 1 || d.Find(`[autofocus]`).AttrOr("data-testid", "") != "reason" ||
+		d.Find(`[aria-invalid="true"]`).Length() != 2 {
+		t.Errorf("two fields refused: focus on %q, %d marked; want the reason first, both marked",
+			d.Find(`[autofocus]`).AttrOr("data-testid", ""), d.Find(`[aria-invalid="true"]`).Length())
+	}
 	if e := h.effectsOf(t, op); e.status != "unknown" {
 		t.Fatalf("moved without evidence: %+v", e)
 	}
