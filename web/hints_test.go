@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+
+	"github.com/sluice-dev/sluice/internal/outbox/outboxtest"
+	"github.com/sluice-dev/sluice/internal/payments/paymentstest"
 )
 
 // A filter field with a rule of its own says it next to the field, linked
@@ -62,5 +65,31 @@ func TestBulkFormErrorsSitAtTheirField(t *testing.T) {
 	_, body = b.postForm(t, h.base+"/outbox/bulk", token, url.Values{"dry_run": {"1"}, "status": {"dead"}, "action": {"dead_letter"}, "reason": {"x"}})
 	if got := squashed(doc(t, body).Find(`[data-testid="bulk-problem"]`)); got == "" || !unicode.IsUpper([]rune(got)[0]) || !strings.HasSuffix(got, ".") {
 		t.Errorf("the problem line %q is not a sentence", got)
+	}
+}
+
+// Each page's title tells it apart from its siblings in tabs and history:
+// a list's filter, a record's short id (the end of a UUID: version 7 ids
+// made together share their start).
+func TestTitlesNameTheFilterOrTheRecord(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	ev := outboxtest.Insert(t, h.pool, outboxtest.Seed{Topic: "orders"})[0].String()
+	op, _ := h.unknownPayment(t, paymentstest.PaymentOpts{})
+	seedDeadEvents(t, h, "sluice.titles", 1)
+	b, token := h.signedIn(t, "oncall")
+	job := h.confirmBulk(t, b, token, url.Values{"topic": {"sluice.titles"}, "action": {"retry"}}).String()
+	for path, want := range map[string]string{
+		"/outbox?status=dead":      "Outbox: status dead · Sluice",
+		"/outbox":                  "Outbox · Sluice",
+		"/payments?status=unknown": "Payments: status unknown · Sluice",
+		"/outbox/" + ev:            "Event …" + ev[len(ev)-12:] + " · Sluice",
+		"/payments/" + op.String(): "Payment …" + op.String()[24:] + " · Sluice",
+		"/jobs/" + job:             "Job …" + job[len(job)-12:] + " · Sluice",
+	} {
+		_, body := b.get(t, h.base+path, "text/html")
+		if got := doc(t, body).Find("title").Text(); got != want {
+			t.Errorf("%s: title %q, want %q", path, got, want)
+		}
 	}
 }

@@ -181,12 +181,12 @@ func (a *App) paymentList(c echo.Context) error {
 	}
 	if d.Problem = paymentProblem(err); d.Problem != "" {
 		d.Rows, d.NextURL = nil, ""
-		return render(c, http.StatusBadRequest, views.PaymentList(a.page(c, "Payments", "/payments"), d))
+		return render(c, http.StatusBadRequest, views.PaymentList(a.page(c, views.ListTitle("Payments", f.raw.Describe()), "/payments"), d))
 	}
 	if err != nil {
 		return err
 	}
-	return render(c, http.StatusOK, views.PaymentList(a.page(c, "Payments", "/payments"), d))
+	return render(c, http.StatusOK, views.PaymentList(a.page(c, views.ListTitle("Payments", f.raw.Describe()), "/payments"), d))
 }
 
 // paymentSearch is POST /payments/search: a customer's payments by exact
@@ -231,7 +231,7 @@ func (a *App) paymentSearch(c echo.Context) error {
 	a.metrics.actions.WithLabelValues(ev.Action, "ok").Inc()
 	d := views.PaymentListData{CanSearch: true, Rows: found, ReadAt: a.now(),
 		Searched: map[string]string{"email": "email", "tax_id": "tax id"}[field]}
-	return render(c, http.StatusOK, views.PaymentList(a.page(c, "Payments", "/payments"), d))
+	return render(c, http.StatusOK, views.PaymentList(a.page(c, "Payments of one customer", "/payments"), d))
 }
 
 func paymentListURL(raw views.PaymentFilterForm, after string) string {
@@ -276,7 +276,7 @@ func (a *App) paymentPage(c echo.Context) error {
 		return err
 	}
 	d.Notice = paymentDone[c.QueryParam("done")]
-	return render(c, http.StatusOK, views.PaymentPage(a.page(c, "Payment "+op.String(), "/payments"), d))
+	return render(c, http.StatusOK, views.PaymentPage(a.page(c, "Payment "+views.ShortID(op.String()), "/payments"), d))
 }
 
 // paymentAuditRows is how many audit rows the payment's page lists.
