@@ -279,6 +279,16 @@ func (a *App) paymentPage(c echo.Context) error {
 	return render(c, http.StatusOK, views.PaymentPage(a.page(c, "Payment "+views.ShortID(op.String()), "/payments"), d))
 }
 
+// revealers names who may reveal personal data (CONSOLE_REVEAL_ROLES), for
+// a page that tells someone who may not whom to ask: "operators and admins".
+func revealers(roles []auth.Role) string {
+	words := make([]string, len(roles))
+	for i, r := range roles {
+		words[i] = string(r) + "s"
+	}
+	return views.AndList(words)
+}
+
 // paymentAuditRows is how many audit rows the payment's page lists.
 const paymentAuditRows = 50
 
@@ -296,6 +306,10 @@ func (a *App) paymentData(ctx context.Context, c echo.Context, op uuid.UUID) (vi
 	d.Customer = payments.MaskCustomer(a.kr, p)
 	if a.links.Trace {
 		d.Trace = traceURL(traceKindPayment, op.String())
+	}
+	d.Sealed = a.kr == nil
+	if a.kr != nil && !a.mayReveal(c) {
+		d.Revealers = revealers(a.cfg.RevealRoles)
 	}
 	if a.kr != nil && a.mayReveal(c) {
 		for _, field := range sortedFields(p.Customer) {

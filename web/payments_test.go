@@ -688,8 +688,16 @@ func TestPaymentPagesShowPartsAndNoCanaryAndInertText(t *testing.T) {
 		t.Errorf("stored response shown as %q", got)
 	}
 	// This console holds no keys; each field apart from the next.
-	if got := strings.TrimSpace(d.Find(`[data-testid="customer"]`).Text()); got != "email: [encrypted]; name: [encrypted]" {
+	// (Less the words for screen readers and the note under the values,
+	// which says they are sealed.)
+	customer := d.Find(`[data-testid="customer"]`).Clone()
+	note := squashed(customer.Find(`[data-testid="customer-masked"]`))
+	customer.Find(`.sr, [data-testid="customer-masked"]`).Remove()
+	if got := strings.TrimSpace(customer.Text()); got != "email: [encrypted]; name: [encrypted]" {
 		t.Errorf("customer shown as %q, want each field masked and apart", got)
+	}
+	if !strings.HasPrefix(note, "Sealed: this console holds no personal-data keys") {
+		t.Errorf("the note under sealed values reads %q", note)
 	}
 	// A resolved payment links its payment.* event.
 	small := paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Amount: "10.00"})
