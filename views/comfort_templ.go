@@ -515,4 +515,13 @@ func TotalOf(t db.Total, one, many string) templ.Component {
 	})
 }
 
+// MatchVerb agrees with TotalOf's count: "1 event matches", "2 events match"
+// (an estimate or a capped count is plural).
+func MatchVerb(t db.Total) string {
+	if t.N == 1 && !t.Estimate && t.MoreThan == 0 {
+		return "matches"
+	}
+	return "match"
+}
+
 var _ = templruntime.GeneratedTemplate

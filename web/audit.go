@@ -94,7 +94,7 @@ func (a *App) auditList(c echo.Context) error {
 			d.Counted = err == nil
 		}
 	}
-	p := a.page(c, "Audit", "/audit")
+	p := a.page(c, views.ListTitle("Audit", f.raw.Describe()), "/audit")
 	if d.Problem = auditProblem(err); d.Problem != "" {
 		d.Rows, d.NextURL = nil, ""
 		return render(c, http.StatusBadRequest, views.AuditList(p, d))

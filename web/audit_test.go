@@ -3,6 +3,7 @@ package web_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -101,8 +102,22 @@ func TestAuditListFiltersPages(t *testing.T) {
 	if d.Find(`select[name="outcome"] option[selected]`).AttrOr("value", "") != "ok" || d.Find(`[data-testid="f-actor"]`).AttrOr("value", "") != "Bob" {
 		t.Error("the form does not keep the filter")
 	}
-	if got := d.Find(`[data-testid="count"]`).Text(); !strings.Contains(got, "1") || !strings.Contains(got, `actor "Bob"`) {
+	if got := squashed(d.Find(`[data-testid="count"]`)); !strings.HasPrefix(got, `1 row matches actor "Bob"`) {
 		t.Errorf("count line %q", got)
+	}
+
+	// A reason is what the person typed: in the error colour only on a
+	// refused or failed row, whose outcome is marked too.
+	_, d = get("?actor=Bob")
+	row := func(seq int64) *goquery.Selection {
+		return d.Find(fmt.Sprintf(`[data-testid="row"][data-seq="%d"]`, seq))
+	}
+	if ok := row(bobDiscard); ok.Find(`[data-testid="row-reason"]`).Text() != "duplicate" ||
+		ok.Find(`.bad, .err`).Length() != 0 {
+		t.Errorf("an ok row's reason looks like an error: %s", goquery.NodeName(ok.Find(`.bad, .err`)))
+	}
+	if denied := row(bobDenied); !denied.Find(`[data-testid="row-outcome"]`).HasClass("bad") {
+		t.Error("a denied row's outcome is not marked")
 	}
 
 	// Keyset pages: 50, 50, 20, newest first, no repeats or gaps.

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -61,6 +62,11 @@ func parseBulkForm(get func(string) string) bulkForm {
 	if len(v.Reason) > maxReason || !utf8.ValidString(v.Reason) {
 		f.Errors["reason"] = fmt.Sprintf("at most %d characters of text", maxReason)
 		v.Reason = ""
+	}
+	if v.AggregateID != "" && v.AggregateType == "" && f.Errors["aggregate_id"] == "" {
+		// outbox.Filter refuses it too; said here, it shows at the field
+		// and not only above the form.
+		f.Errors["aggregate_id"] = "an aggregate id needs its aggregate type: fill in Aggregate type too"
 	}
 	f.Filter = outbox.Filter{Status: v.Status, Topic: v.Topic, EventType: v.EventType, AggregateType: v.AggregateType,
 		AggregateID: v.AggregateID, IDPrefix: v.IDPrefix, ErrorText: v.ErrorText}
@@ -158,8 +164,23 @@ func (a *App) bulkInvalid(c echo.Context, f bulkForm, problem string) error {
 	if problem == "" {
 		problem = f.problem()
 	}
-	d := views.BulkFormData{Values: f.Values, Errors: f.Errors, Problem: problem}
+	d := views.BulkFormData{Values: f.Values, Errors: f.Errors, Problem: sentence(problem)}
 	return render(c, http.StatusUnprocessableEntity, views.BulkForm(a.page(c, "Bulk action", "/jobs"), d))
+}
+
+// sentence is a message as a sentence of its own: a capital first letter
+// and a full stop (the domain's messages are clauses: "an aggregate id
+// needs its aggregate type").
+func sentence(msg string) string {
+	if msg == "" {
+		return ""
+	}
+	r, size := utf8.DecodeRuneInString(msg)
+	msg = string(unicode.ToUpper(r)) + msg[size:]
+	if !strings.HasSuffix(msg, ".") {
+		msg += "."
+	}
+	return msg
 }
 
 // domainProblem is an invalid filter or action as a form message.

@@ -58,6 +58,9 @@ func (a *App) dashboard(c echo.Context) error {
 	s, ok := a.feed.Latest()
 	d := dashboardData(s, ok, a.feed.History(), a.thresholds())
 	d.Links = a.links
+	// As the navigation's Approvals link (page): the route's permission.
+	sess := auth.SessionFrom(c)
+	d.MayApprove = sess != nil && sess.Can(auth.PermPaymentsAct)
 	return render(c, http.StatusOK, views.Dashboard(a.page(c, "Dashboard", "/"), d))
 }
 

@@ -131,7 +131,7 @@ func (a *App) jobPage(c echo.Context) error {
 	if c.QueryParam("done") == "already" {
 		d.Notice = "This dry run's confirmation started this job already; sending it again changed nothing. Run a new dry run to act on what matches now."
 	}
-	return render(c, http.StatusOK, views.Job(a.page(c, "Job", "/jobs"), d))
+	return render(c, http.StatusOK, views.Job(a.page(c, "Job "+views.ShortID(id.String()), "/jobs"), d))
 }
 
 // cancelJob asks a job to stop before its next chunk: compare-and-set on

@@ -138,12 +138,12 @@ func (a *App) renderOutboxList(c echo.Context, q url.Values, status int, topics 
 	}
 	if d.Problem = problemText(err); d.Problem != "" {
 		d.Rows, d.NextURL = nil, ""
-		return render(c, http.StatusBadRequest, views.OutboxList(a.page(c, "Outbox", "/outbox"), d))
+		return render(c, http.StatusBadRequest, views.OutboxList(a.page(c, views.ListTitle("Outbox", f.raw.Describe()), "/outbox"), d))
 	}
 	if err != nil {
 		return err
 	}
-	return render(c, status, views.OutboxList(a.page(c, "Outbox", "/outbox"), d))
+	return render(c, status, views.OutboxList(a.page(c, views.ListTitle("Outbox", f.raw.Describe()), "/outbox"), d))
 }
 
 // listURL is the list page of raw's filter, continuing after the cursor.

@@ -203,7 +203,7 @@ func (a *App) renderEvent(c echo.Context, status int, id uuid.UUID, set func(*vi
 		return err
 	}
 	set(&d)
-	p := a.page(c, "Event "+id.String(), "/outbox")
+	p := a.page(c, "Event "+views.ShortID(id.String()), "/outbox")
 	p.URL = "/outbox/" + id.String()
 	if c.Request().Header.Get("HX-Request") != "" {
 		return render(c, status, views.EventBody(p, d))
@@ -218,7 +218,7 @@ func (a *App) renderEventBody(c echo.Context, id uuid.UUID, notice string) error
 		return err
 	}
 	d.Notice = notice
-	return render(c, http.StatusOK, views.EventBody(a.page(c, "Event "+id.String(), "/outbox"), d))
+	return render(c, http.StatusOK, views.EventBody(a.page(c, "Event "+views.ShortID(id.String()), "/outbox"), d))
 }
 
 // pokeLive wakes the live feeds (this process's and the other replicas')

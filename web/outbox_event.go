@@ -43,7 +43,7 @@ func (a *App) outboxEvent(c echo.Context) error {
 		return err
 	}
 	d.Notice = doneNotice(c.QueryParam("done"))
-	return render(c, http.StatusOK, views.EventPage(a.page(c, "Event "+id.String(), "/outbox"), d))
+	return render(c, http.StatusOK, views.EventPage(a.page(c, "Event "+views.ShortID(id.String()), "/outbox"), d))
 }
 
 // eventData reads what the detail page shows: the event, its neighbours

@@ -64,7 +64,7 @@ func parsePaymentForm(q url.Values) (paymentForm, error) {
 		}
 		d, err := decimal.NewFromString(a.v)
 		if err != nil {
-			return f, fmt.Errorf("%w: %s %q is not an amount (write 125.50)", payments.ErrInvalidFilter, a.name, a.v)
+			return f, fmt.Errorf("%w: %s %q is not an amount: %s", payments.ErrInvalidFilter, a.name, a.v, amountSpelling(a.v))
 		}
 		*a.dst = d
 	}
@@ -80,6 +80,67 @@ func parsePaymentForm(q url.Values) (paymentForm, error) {
 		return f, payments.ErrInvalidCursor
 	}
 	return f, f.filter.Validate()
+}
+
+// amountSpelling tells how to write an amount the filter refused. A value
+// written with a decimal comma or with thousands separators ("12,50",
+// "1.234,56", "1,234.56") is answered with the same amount as the filter
+// reads it, so the correction never names another amount (the hint used
+// to say "write 125.50" to someone who typed 12,50). A lone comma before
+// three digits ("1,234") may be either, so both readings are named.
+func amountSpelling(v string) string {
+	const rule = "a dot before the cents, no thousands separators"
+	s := strings.NewReplacer(" ", "", "\u00a0", "", "\u202f", "", "'", "", "_", "").Replace(v)
+	dot, comma := strings.LastIndex(s, "."), strings.LastIndex(s, ",")
+	var want []string
+	switch {
+	case dot >= 0 && comma >= 0:
+		// Both: the last one marks the cents, the other groups thousands.
+		decimalSep, group, last := ".", ",", dot
+		if comma > dot {
+			decimalSep, group, last = ",", ".", comma
+		}
+		if grouped(s[:last], group) && !strings.Contains(s[last+1:], group) {
+			want = []string{strings.Replace(strings.ReplaceAll(s, group, ""), decimalSep, ".", 1)}
+		}
+	case comma >= 0 && strings.Count(s, ",") == 1 && len(s)-comma-1 == 3:
+		want = []string{strings.Replace(s, ",", "", 1), strings.Replace(s, ",", ".", 1)}
+	case comma >= 0 && strings.Count(s, ",") == 1:
+		want = []string{strings.Replace(s, ",", ".", 1)}
+	case comma >= 0:
+		if grouped(s, ",") {
+			want = []string{strings.ReplaceAll(s, ",", "")}
+		}
+	case strings.Count(s, ".") > 1:
+		if grouped(s, ".") {
+			want = []string{strings.ReplaceAll(s, ".", "")}
+		}
+	default:
+		want = []string{s}
+	}
+	if len(want) == 0 {
+		return "write digits with " + rule + ", as 12.50"
+	}
+	for _, w := range want {
+		if _, err := decimal.NewFromString(w); err != nil || w == "" {
+			return "write digits with " + rule + ", as 12.50"
+		}
+	}
+	if len(want) == 2 {
+		return "write " + want[0] + " or " + want[1] + " (" + rule + ")"
+	}
+	return "write " + want[0] + " (" + rule + ")"
+}
+
+// grouped: s is digits in groups of three after its first, split by sep
+// ("1,234,567"), as thousands separators write them.
+func grouped(s, sep string) bool {
+	for i, g := range strings.Split(s, sep) {
+		if i > 0 && len(g) != 3 {
+			return false
+		}
+	}
+	return true
 }
 
 // paymentProblem is what the list says about a filter or cursor it refused.
@@ -121,12 +182,12 @@ func (a *App) paymentList(c echo.Context) error {
 	}
 	if d.Problem = paymentProblem(err); d.Problem != "" {
 		d.Rows, d.NextURL = nil, ""
-		return render(c, http.StatusBadRequest, views.PaymentList(a.page(c, "Payments", "/payments"), d))
+		return render(c, http.StatusBadRequest, views.PaymentList(a.page(c, views.ListTitle("Payments", f.raw.Describe()), "/payments"), d))
 	}
 	if err != nil {
 		return err
 	}
-	return render(c, http.StatusOK, views.PaymentList(a.page(c, "Payments", "/payments"), d))
+	return render(c, http.StatusOK, views.PaymentList(a.page(c, views.ListTitle("Payments", f.raw.Describe()), "/payments"), d))
 }
 
 // searchPurpose is what a customer search's sealed terms are for.
@@ -201,7 +262,7 @@ func (a *App) paymentSearch(c echo.Context) error {
 	a.metrics.actions.WithLabelValues(ev.Action, "ok").Inc()
 	d := views.PaymentListData{CanSearch: true, Rows: found, ReadAt: a.now(),
 		Searched: map[string]string{"email": "email", "tax_id": "tax id"}[field]}
-	return render(c, http.StatusOK, views.PaymentList(a.page(c, "Payments", "/payments"), d))
+	return render(c, http.StatusOK, views.PaymentList(a.page(c, "Payments of one customer", "/payments"), d))
 }
 
 func paymentListURL(raw views.PaymentFilterForm, after string) string {
@@ -246,7 +307,17 @@ func (a *App) paymentPage(c echo.Context) error {
 		return err
 	}
 	d.Notice = paymentDone[c.QueryParam("done")]
-	return render(c, http.StatusOK, views.PaymentPage(a.page(c, "Payment "+op.String(), "/payments"), d))
+	return render(c, http.StatusOK, views.PaymentPage(a.page(c, "Payment "+views.ShortID(op.String()), "/payments"), d))
+}
+
+// revealers names who may reveal personal data (CONSOLE_REVEAL_ROLES), for
+// a page that tells someone who may not whom to ask: "operators and admins".
+func revealers(roles []auth.Role) string {
+	words := make([]string, len(roles))
+	for i, r := range roles {
+		words[i] = string(r) + "s"
+	}
+	return views.AndList(words)
 }
 
 // paymentAuditRows is how many audit rows the payment's page lists.
@@ -266,6 +337,10 @@ func (a *App) paymentData(ctx context.Context, c echo.Context, op uuid.UUID) (vi
 	d.Customer = payments.MaskCustomer(a.kr, p)
 	if a.links.Trace {
 		d.Trace = traceURL(traceKindPayment, op.String())
+	}
+	d.Sealed = a.kr == nil
+	if a.kr != nil && !a.mayReveal(c) {
+		d.Revealers = revealers(a.cfg.RevealRoles)
 	}
 	if a.kr != nil && a.mayReveal(c) {
 		for _, field := range sortedFields(p.Customer) {

@@ -252,7 +252,7 @@ func (a *App) renderPayment(c echo.Context, status int, op uuid.UUID, set func(*
 		return err
 	}
 	set(&d)
-	p := a.page(c, "Payment "+op.String(), "/payments")
+	p := a.page(c, "Payment "+views.ShortID(op.String()), "/payments")
 	p.URL = "/payments/" + op.String()
 	return render(c, status, views.PaymentPage(p, d))
 }

@@ -189,6 +189,24 @@ func TestResolveNeedsReasonAndEvidence(t *testing.T) {
 	if resp.StatusCode != http.StatusUnprocessableEntity || doc(t, body).Find(`[data-testid="evidence-error"]`).Length() != 1 {
 		t.Fatalf("%d without evidence", resp.StatusCode)
 	}
+	// The refused field is marked, described by its error and focused as
+	// the page opens (a keyboard user landed at the top of the page).
+	d := doc(t, body)
+	ev, reason := d.Find(`[data-testid="evidence"]`), d.Find(`[data-testid="reason"]`)
+	if ev.AttrOr("aria-invalid", "") != "true" || ev.AttrOr("autofocus", "no") == "no" ||
+		d.Find("#"+ev.AttrOr("aria-describedby", "none")).AttrOr("data-testid", "") != "evidence-error" {
+		t.Error("the evidence field is not marked, described and focused")
+	}
+	if _, invalid := reason.Attr("aria-invalid"); invalid || reason.AttrOr("autofocus", "no") != "no" {
+		t.Error("the reason, which was given, is marked or focused")
+	}
+	form.Set("reason", "")
+	_, body = h.postForm(t, b, "/payments/"+op.String()+"/resolve", form)
+	if d := doc(t, body); d.Find(`[autofocus]`).Length() != 1 || d.Find(`[autofocus]`).AttrOr("data-testid", "") != "reason" ||
+		d.Find(`[aria-invalid="true"]`).Length() != 2 {
+		t.Errorf("two fields refused: focus on %q, %d marked; want the reason first, both marked",
+			d.Find(`[autofocus]`).AttrOr("data-testid", ""), d.Find(`[aria-invalid="true"]`).Length())
+	}
 	if e := h.effectsOf(t, op); e.status != "unknown" {
 		t.Fatalf("moved without evidence: %+v", e)
 	}
@@ -670,8 +688,16 @@ func TestPaymentPagesShowPartsAndNoCanaryAndInertText(t *testing.T) {
 		t.Errorf("stored response shown as %q", got)
 	}
 	// This console holds no keys; each field apart from the next.
-	if got := strings.TrimSpace(d.Find(`[data-testid="customer"]`).Text()); got != "email: [encrypted]; name: [encrypted]" {
+	// (Less the words for screen readers and the note under the values,
+	// which says they are sealed.)
+	customer := d.Find(`[data-testid="customer"]`).Clone()
+	note := squashed(customer.Find(`[data-testid="customer-masked"]`))
+	customer.Find(`.sr, [data-testid="customer-masked"]`).Remove()
+	if got := strings.TrimSpace(customer.Text()); got != "email: [encrypted]; name: [encrypted]" {
 		t.Errorf("customer shown as %q, want each field masked and apart", got)
+	}
+	if !strings.HasPrefix(note, "Sealed: this console holds no personal-data keys") {
+		t.Errorf("the note under sealed values reads %q", note)
 	}
 	// A resolved payment links its payment.* event.
 	small := paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Amount: "10.00"})

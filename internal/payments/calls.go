@@ -23,6 +23,13 @@ type ProviderCall struct {
 	Error       string // why there was no answer
 }
 
+// CallInquire is ProviderCall.Op of an inquiry (the other is "charge").
+const CallInquire = "inquire"
+
+// ProviderCallsShown is the most calls ProviderCalls returns: the oldest
+// ones; a payment with more has them cut.
+const ProviderCallsShown = 200
+
 // maxCallError bounds a recorded call error (a transport error, never
 // customer data).
 const maxCallError = 300
@@ -101,7 +108,7 @@ func (s *Service) recordCall(ctx context.Context, op uuid.UUID, c callRecord) {
 // ProviderCalls lists a payment's provider calls, oldest first.
 func ProviderCalls(ctx context.Context, q db.Querier, op uuid.UUID) ([]ProviderCall, error) {
 	rows, err := q.Query(ctx, `SELECT call_id, operation_id, op, started_at, duration_us, coalesce(answer, ''), coalesce(error, '')
-		FROM payment_provider_call WHERE operation_id = $1 ORDER BY call_id LIMIT 200`, op)
+		FROM payment_provider_call WHERE operation_id = $1 ORDER BY call_id LIMIT $2`, op, ProviderCallsShown)
 	if err != nil {
 		return nil, fmt.Errorf("payments: provider calls of %s: %w", op, err)
 	}

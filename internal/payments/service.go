@@ -245,6 +245,6 @@ func (s *Service) inquire(ctx context.Context, p Payment) (provider.Result, erro
 	end := time.Now()
 	d := end.Sub(start)
 	s.m.providerCall.WithLabelValues("inquire").Observe(d.Seconds())
-	s.recordCall(ctx, p.OperationID, callRecord{kind: "inquire", d: d, end: end, res: res, err: err})
+	s.recordCall(ctx, p.OperationID, callRecord{kind: CallInquire, d: d, end: end, res: res, err: err})
 	return res, err
 }
