@@ -509,6 +509,14 @@ func TestPaymentListOrderFiltersAndPages(t *testing.T) {
 	}
 	failed := paymentstest.Payment(t, h.pool, paymentstest.PaymentOpts{Account: acc, Merchant: "m2", Status: payments.StatusFailed, Invoice: "inv-failed"})
 
+	// An invoice with no payment: the empty list says that a request refused
+	// before any money was held makes none (support looked for a declined
+	// one and found only "No payments match").
+	_, none := b.get(t, h.base+"/payments?invoice_id=INV-refused", "text/html")
+	if got := doc(t, none).Find(`[data-testid="empty-refused"]`).Text(); !strings.Contains(got, "makes no payment") || !strings.Contains(got, "insufficient_funds") {
+		t.Errorf("the empty list does not say where refused requests are: %q", got)
+	}
+
 	ids := func(body string) []string {
 		var out []string
 		d := doc(t, body)
