@@ -172,6 +172,25 @@ func TestChangesAreRefused(t *testing.T) {
 	}
 }
 
+// The application's role may INSERT, so it could plant a row far ahead of
+// the sequence: the chain's head by seq from then on, every real append
+// after it out of order, and verify failing for good (a security review).
+// Such a row is refused; appends go on, and the chain stays intact.
+func TestARowAheadOfTheSequenceIsRefused(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	record(t, pool, 2)
+	_, err := pool.Exec(context.Background(), `INSERT INTO audit_event (seq, action, actor_name, outcome, prev_hash, hash)
+		VALUES (1000000000000, 'pii.reveal', 'alice', 'ok', '\x00', '\x00')`)
+	if db.Code(err) != db.CodeInsufficientPriv {
+		t.Fatalf("a row ahead of the sequence: want SQLSTATE %s, got %v", db.CodeInsufficientPriv, err)
+	}
+	record(t, pool, 2)
+	if res := verify(t, pool); !res.Intact() || res.Checked != 4 {
+		t.Fatalf("after the refused row: %+v", res)
+	}
+}
+
 func TestConcurrentAppendsNeverFork(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
