@@ -308,7 +308,7 @@ func (a *App) bulkConfirm(c echo.Context, f bulkForm) error {
 			"The filter now matches %s events, more than the %s you confirmed. Nothing was changed; check the new count and confirm again.",
 			views.TotalText(job.MatchedTotal()), views.Count(f.Expect)))
 	case errors.Is(err, errStaleLogin):
-		if err := auth.RecordDenied(ctx, a.pool, sess, requestMeta(c), "POST /outbox/bulk", "reauth"); err != nil {
+		if err := a.guard.RecordDenied(ctx, sess, requestMeta(c), "POST /outbox/bulk", "reauth"); err != nil {
 			return err
 		}
 		a.metrics.actions.WithLabelValues(actionBulkCreate, audit.OutcomeDenied).Inc()

@@ -232,7 +232,7 @@ func int64String(n int64) string {
 // CONSOLE_RECENT_LOGIN: the refusal is audited, and the browser signs in
 // again and comes back to next (the form).
 func (a *App) reauthFor(c echo.Context, sess *auth.Session, route, next string) error {
-	if err := auth.RecordDenied(c.Request().Context(), a.pool, sess, requestMeta(c), route, "reauth"); err != nil {
+	if err := a.guard.RecordDenied(c.Request().Context(), sess, requestMeta(c), route, "reauth"); err != nil {
 		return err
 	}
 	a.metrics.actions.WithLabelValues("request", audit.OutcomeDenied).Inc()

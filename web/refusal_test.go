@@ -3,6 +3,7 @@ package web_test
 import (
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -59,5 +60,36 @@ func TestAnonymousRefusalsDoNotGrowTheChain(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q:\n%s", want, grepLines(body, "sluice_console_refusals"))
 		}
+	}
+}
+
+// A signed-in user's refusals enter the chain one by one up to
+// auth.DeniedPerMinute a minute, then one more row says they come faster,
+// and the rest of the minute's are refused without a row each: a viewer
+// sending refused requests in a loop grew the chain and queued operators'
+// actions behind its appends (a security review).
+func TestASessionsRefusalsInTheChainAreBounded(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{})
+	b, token := h.signedIn(t, "support")
+	path := "/outbox/00000000-0000-7000-8000-000000000001/retry" // an operator's action
+	for i := range auth.DeniedPerMinute + 20 {
+		resp, _ := h.postForm(t, b, path, url.Values{"csrf_token": {token}, "expected": {"dead"}})
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("refusal %d: %d, want 403 every time", i+1, resp.StatusCode)
+		}
+	}
+	if n := h.countAudit(t, `action = 'request.denied' AND error_code = 'permission'`); n != auth.DeniedPerMinute {
+		t.Errorf("%d refusals audited one by one, want %d", n, auth.DeniedPerMinute)
+	}
+	if n := h.countAudit(t, `action = 'request.denied' AND error_code = 'rate_limited'`); n != 1 {
+		t.Errorf("%d rows saying the refusals come faster, want 1", n)
+	}
+	other, otherToken := h.signedIn(t, "auditor")
+	if resp, _ := h.postForm(t, other, path, url.Values{"csrf_token": {otherToken}, "expected": {"dead"}}); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("another session's refusal: %d", resp.StatusCode)
+	}
+	if n := h.countAudit(t, `action = 'request.denied' AND error_code = 'permission' AND actor_name = 'auditor'`); n != 1 {
+		t.Errorf("another session's refusal audited %d times, want 1", n)
 	}
 }

@@ -50,14 +50,14 @@ func (a *App) ws(c echo.Context) error {
 		return echo.NewHTTPError(http.StatusNotFound)
 	}
 	if !sess.Can(need) {
-		if err := auth.RecordDenied(req.Context(), a.pool, sess, requestMeta(c), "GET /ws", "permission"); err != nil {
+		if err := a.guard.RecordDenied(req.Context(), sess, requestMeta(c), "GET /ws", "permission"); err != nil {
 			return err
 		}
 		a.metrics.actions.WithLabelValues("request", "denied").Inc()
 		return echo.NewHTTPError(http.StatusForbidden)
 	}
 	if req.Header.Get("Origin") != a.origin {
-		if err := auth.RecordDenied(req.Context(), a.pool, sess, requestMeta(c), "GET /ws", "origin"); err != nil {
+		if err := a.guard.RecordDenied(req.Context(), sess, requestMeta(c), "GET /ws", "origin"); err != nil {
 			return err
 		}
 		a.metrics.actions.WithLabelValues("request", "denied").Inc()

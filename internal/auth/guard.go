@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -134,7 +135,19 @@ type Guard struct {
 	// is written to the refusal log, unlimited); they never enter the
 	// audit chain.
 	Refusals *Refusals
+
+	deniedOnce sync.Once
+	denied     *IPLimiter // audited refusals per session per minute (Denied)
 }
+
+// DeniedPerMinute is how many of one session's refusals a minute enter the
+// audit chain one by one. Each is an append under the chain's lock, and a
+// signed-in user (or a page of theirs) sending refused requests in a loop
+// grew the chain and queued every operator's action behind the appends
+// (a security review). Past it, one more row says the session is being
+// refused faster, and the rest of that minute's refusals are counted in
+// metrics only; the requests are refused all the same.
+const DeniedPerMinute = 60
 
 const sessionKey = "sluice.session"
 
@@ -270,7 +283,7 @@ func (g *Guard) deny(c echo.Context, sess *Session, reason string) error {
 	if sess == nil {
 		err = g.refusals().Record(c.Request().Context(), meta, route, reason)
 	} else {
-		err = RecordDenied(c.Request().Context(), g.Pool, sess, meta, route, reason)
+		err = g.RecordDenied(c.Request().Context(), sess, meta, route, reason)
 	}
 	if err != nil {
 		return err
@@ -279,6 +292,27 @@ func (g *Guard) deny(c echo.Context, sess *Session, reason string) error {
 		g.Denied(reason)
 	}
 	return echo.NewHTTPError(http.StatusForbidden)
+}
+
+// RecordDenied audits sess's refused request as the package's RecordDenied
+// does, up to DeniedPerMinute of the session's refusals a minute; the next
+// one is audited with the code "rate_limited" (what was refused is in its
+// path), and the others of that minute are not audited.
+func (g *Guard) RecordDenied(ctx context.Context, sess *Session, meta RequestMeta, route, reason string) error {
+	g.deniedOnce.Do(func() {
+		now := g.Now
+		if now == nil {
+			now = time.Now
+		}
+		g.denied = NewIPLimiter(DeniedPerMinute, time.Minute, now)
+	})
+	switch n := g.denied.Take(sess.HashHex()); {
+	case n == DeniedPerMinute+1:
+		reason = "rate_limited"
+	case n > DeniedPerMinute+1:
+		return nil
+	}
+	return RecordDenied(ctx, g.Pool, sess, meta, route, reason)
 }
 
 // RecordDenied audits a refused request (outcome denied) in its own

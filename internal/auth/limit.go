@@ -35,10 +35,23 @@ func NewIPLimiter(per int, window time.Duration, now func() time.Time) *IPLimite
 
 // Allow counts one request from ip and reports whether it is within limit.
 func (l *IPLimiter) Allow(ip string) bool {
+	return l.take(ip, false) <= l.per
+}
+
+// Take counts one request from key and returns how many it has made in the
+// current window, this one included, counting on past the limit (a full
+// table answers per+1: over the limit).
+func (l *IPLimiter) Take(key string) int {
+	return l.take(key, true)
+}
+
+// take counts a request of key; past per, it counts on only when beyond
+// is set (Allow stops counting at the limit).
+func (l *IPLimiter) take(key string, beyond bool) int {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	w := l.seen[ip]
+	w := l.seen[key]
 	if w == nil || now.Sub(w.start) >= l.window {
 		if w == nil && len(l.seen) >= maxTrackedIPs {
 			for k, v := range l.seen {
@@ -47,15 +60,15 @@ func (l *IPLimiter) Allow(ip string) bool {
 				}
 			}
 			if len(l.seen) >= maxTrackedIPs {
-				return false
+				return l.per + 1
 			}
 		}
 		w = &ipWindow{start: now}
-		l.seen[ip] = w
+		l.seen[key] = w
 	}
-	if w.n >= l.per {
-		return false
+	if w.n >= l.per && !beyond {
+		return l.per + 1
 	}
 	w.n++
-	return true
+	return w.n
 }

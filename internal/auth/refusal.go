@@ -85,7 +85,7 @@ func (g *Guard) Refused(c echo.Context, route, reason string) error {
 		sess, err := g.Sessions.Peek(ctx, ck.Value)
 		switch {
 		case err == nil:
-			return RecordDenied(ctx, g.Pool, sess, meta, route, reason)
+			return g.RecordDenied(ctx, sess, meta, route, reason)
 		case !errors.Is(err, ErrNoSession):
 			return err
 		}
