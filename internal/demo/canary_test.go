@@ -23,7 +23,6 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sluice-dev/sluice/internal/config"
 	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 	"github.com/sluice-dev/sluice/internal/outbox"
@@ -75,19 +74,7 @@ func leaks(s string) []string {
 func TestCanaryPIINeverInClear(t *testing.T) {
 	t.Parallel()
 	server := dbtest.URL(t)
-	var cfg config.Demo
-	f := config.NewFlags("demo", "", config.MapLookup(nil), &bytes.Buffer{})
-	cfg.Register(f)
-	if err := f.Parse([]string{
-		"--database-url", server,
-		"--console-addr", "127.0.0.1:0", "--payments-addr", "127.0.0.1:0", "--provider-addr", "127.0.0.1:0",
-		"--event-rate", "20", "--status-every", "500ms",
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	cfg := testConfig(t, server, "--event-rate", "20", "--status-every", "500ms")
 	// What LOG_LEVEL=debug would print (cmd/console's newLogger).
 	var logBuf, out testkit.Buffer
 	logger := slog.New(slog.NewJSONHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -23,24 +23,29 @@ import (
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
-// The demo is what a newcomer runs first: it must come alive (events written,
-// published, consumed once), print its status, and leave nothing behind.
-func TestDemoComesAliveAndCleansUp(t *testing.T) {
-	t.Parallel()
-	server := dbtest.URL(t)
+// testConfig is a demo on server's PostgreSQL, every address a free port,
+// with the flags given.
+func testConfig(t *testing.T, server string, flags ...string) config.Demo {
+	t.Helper()
 	var cfg config.Demo
 	f := config.NewFlags("demo", "", config.MapLookup(nil), &bytes.Buffer{})
 	cfg.Register(f)
-	if err := f.Parse([]string{
-		"--database-url", server,
-		"--console-addr", "127.0.0.1:0", "--payments-addr", "127.0.0.1:0", "--provider-addr", "127.0.0.1:0",
-		"--event-rate", "100", "--status-every", "200ms",
-	}); err != nil {
+	if err := f.Parse(append([]string{"--database-url", server,
+		"--console-addr", "127.0.0.1:0", "--payments-addr", "127.0.0.1:0", "--provider-addr", "127.0.0.1:0"}, flags...)); err != nil {
 		t.Fatal(err)
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	return cfg
+}
+
+// The demo is what a newcomer runs first: it must come alive (events written,
+// published, consumed once), print its status, and leave nothing behind.
+func TestDemoComesAliveAndCleansUp(t *testing.T) {
+	t.Parallel()
+	server := dbtest.URL(t)
+	cfg := testConfig(t, server, "--event-rate", "100", "--status-every", "200ms")
 	var out testkit.Buffer
 	ctx := context.Background()
 	d, err := Start(ctx, cfg, &out, slog.New(slog.DiscardHandler))
@@ -264,19 +269,7 @@ func TestWithoutPassword(t *testing.T) {
 func TestDemoRidesOutCutConnections(t *testing.T) {
 	t.Parallel()
 	server := dbtest.URL(t)
-	var cfg config.Demo
-	f := config.NewFlags("demo", "", config.MapLookup(nil), &bytes.Buffer{})
-	cfg.Register(f)
-	if err := f.Parse([]string{
-		"--database-url", server,
-		"--console-addr", "127.0.0.1:0", "--payments-addr", "127.0.0.1:0", "--provider-addr", "127.0.0.1:0",
-		"--event-rate", "100", "--status-every", "100ms",
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	cfg := testConfig(t, server, "--event-rate", "100", "--status-every", "100ms")
 	var out testkit.Buffer
 	ctx := context.Background()
 	d, err := Start(ctx, cfg, &out, slog.New(slog.DiscardHandler))

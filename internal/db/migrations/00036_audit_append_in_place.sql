@@ -14,16 +14,28 @@
 -- names what such a row breaks.
 
 -- +goose Up
+-- The function names the sequence by its oid, fixed here, never by a name
+-- looked up when a row is inserted: a name would follow the inserting
+-- session's search_path, where a temporary table of the same name (any role
+-- may create one) comes first, with a sequence the session may set (a
+-- review planted a row at 10^12 that way). Its own search_path keeps pg_temp
+-- last, and the oid saves the lookup on every row.
 -- +goose StatementBegin
-CREATE FUNCTION audit_event_in_place() RETURNS trigger LANGUAGE plpgsql AS $$
+DO $do$
 BEGIN
-    IF NEW.seq > coalesce(pg_sequence_last_value(pg_get_serial_sequence('audit_event', 'seq')::regclass), 0) THEN
-        RAISE EXCEPTION 'audit_event: seq % is ahead of the sequence: rows are appended at the place nextval gives them', NEW.seq
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    RETURN NEW;
+    EXECUTE format($f$
+        CREATE FUNCTION audit_event_in_place() RETURNS trigger LANGUAGE plpgsql
+        SET search_path = pg_catalog, pg_temp AS $body$
+        BEGIN
+            IF NEW.seq > coalesce(pg_sequence_last_value(%s::oid::regclass), 0) THEN
+                RAISE EXCEPTION 'audit_event: seq %% is ahead of the sequence: rows are appended at the place nextval gives them', NEW.seq
+                    USING ERRCODE = 'insufficient_privilege';
+            END IF;
+            RETURN NEW;
+        END
+        $body$$f$, pg_get_serial_sequence('audit_event', 'seq')::regclass::oid);
 END
-$$;
+$do$;
 -- +goose StatementEnd
 CREATE TRIGGER audit_event_in_place BEFORE INSERT ON audit_event
     FOR EACH ROW EXECUTE FUNCTION audit_event_in_place();
