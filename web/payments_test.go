@@ -379,6 +379,64 @@ func TestStaleFourEyesRequestIsMarked(t *testing.T) {
 	}
 }
 
+// Each approvals row says which invoice the payment is, its amount and its
+// status now (read with the request), so an approver sees the payment is
+// still unknown without opening it; a payment settled meanwhile shows its
+// new status in its row.
+func TestApprovalRowsShowTheirPaymentNow(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{configure: func(c *web.Config) { c.FourEyesAbove = decimal.RequireFromString("100.00") }})
+	oncall, oncallToken := h.signedIn(t, "oncall")
+	admin, _ := h.signedIn(t, "admin")
+	first, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "500.00", Merchant: "m-east", Invoice: "inv-east-17"})
+	second, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "1234.50", Merchant: "m-west", Invoice: "inv-west-42"})
+	for _, op := range []uuid.UUID{first, second} {
+		if resp, _ := h.postForm(t, oncall, "/payments/"+op.String()+"/resolve", resolveForm(oncallToken, "succeeded")); resp.StatusCode != http.StatusSeeOther {
+			t.Fatalf("request: %d", resp.StatusCode)
+		}
+	}
+	if err := db.WithTx(context.Background(), h.pool, func(tx pgx.Tx) error {
+		_, err := payments.Resolve(context.Background(), tx, second, payments.OutcomeSucceeded, payments.ResolveOptions{ResolvedBy: "settlement:test"})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, list := admin.get(t, h.base+"/approvals", "text/html")
+	d := doc(t, list)
+	want := map[string][4]string{ // link, invoice, amount, status now
+		first.String():  {"/payments/" + first.String(), "inv-east-17 of m-east", "500.00 TRY", "unknown"},
+		second.String(): {"/payments/" + second.String(), "inv-west-42 of m-west", "1234.50 TRY", "completed"},
+	}
+	rows := d.Find(`[data-testid="approval-row"]`)
+	if rows.Length() != 2 {
+		t.Fatalf("%d approval rows, want 2: %s", rows.Length(), list)
+	}
+	words := func(s *goquery.Selection) string { return strings.Join(strings.Fields(s.Text()), " ") }
+	rows.Each(func(_ int, r *goquery.Selection) {
+		link := r.Find(`[data-testid="approval-link"]`).AttrOr("href", "")
+		w, ok := want[strings.TrimPrefix(link, "/payments/")]
+		if !ok {
+			t.Errorf("a row links %q", link)
+			return
+		}
+		got := [4]string{link, words(r.Find(`[data-testid="approval-invoice"]`)), words(r.Find(`[data-testid="approval-amount"]`)),
+			words(r.Find(`[data-testid="approval-payment-status"]`))}
+		if got != w {
+			t.Errorf("row %v, want %v", got, w)
+		}
+		if m := r.Find(`[data-testid="approval-merchant"]`).Text(); m != strings.Split(w[1], " of ")[1] {
+			t.Errorf("row of %s names merchant %q", w[1], m)
+		}
+	})
+	// The payment's own page lists its requests without repeating what it
+	// says above them.
+	_, page := admin.get(t, h.base+"/payments/"+first.String(), "text/html")
+	if p := doc(t, page); p.Find(`[data-testid="approval-row"]`).Length() != 1 || p.Find(`[data-testid="approval-invoice"], [data-testid="approval-payment-status"]`).Length() != 0 {
+		t.Errorf("the payment page's requests: %d rows, %d invoice or status cells; want 1 row and neither", p.Find(`[data-testid="approval-row"]`).Length(),
+			p.Find(`[data-testid="approval-invoice"], [data-testid="approval-payment-status"]`).Length())
+	}
+}
+
 // A sign-in older than CONSOLE_RECENT_LOGIN cannot resolve: the refusal is
 // audited and the browser is sent to sign in again, back to the payment.
 func TestResolveNeedsRecentLogin(t *testing.T) {
