@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -193,12 +195,20 @@ func (a *App) paymentList(c echo.Context) error {
 // searchPurpose is what a customer search's sealed terms are for.
 const searchPurpose = "payments.search"
 
-// paymentSearchForm is POST /payments/search: it checks what was typed and
-// answers 303 to GET /payments/search with the terms sealed for this
-// session (auth.SealForURL), so the results page is a page like any other:
-// Back returns to it and a reload reads it, without the browser offering
-// to send the form again (a reviewer met that on support's main path). The
-// URL carries no clear value, and opens only with this session's cookie.
+// SearchResultsFor is how long a search's results page reads again (Back,
+// reload) without being a new search: the typed search was audited and
+// counted once, when it was made. Past it, the page says to search again.
+const SearchResultsFor = 30 * time.Minute
+
+// paymentSearchForm is POST /payments/search, the search itself: it checks
+// what was typed, counts it against the user's limit, audits it (a keyed
+// hash of the value, never the value), and answers 303 to GET
+// /payments/search with the terms and the time sealed for this session
+// (auth.SealForURL). The results page is then a page like any other: Back
+// returns to it and a reload reads it, without the browser offering to
+// send the form again (a reviewer met that on support's main path), and
+// without counting or auditing a search nobody typed again. The URL
+// carries no clear value, and opens only with this session's cookie.
 func (a *App) paymentSearchForm(c echo.Context) error {
 	c.Response().Header().Set("Cache-Control", "no-store")
 	if a.kr == nil {
@@ -211,31 +221,8 @@ func (a *App) paymentSearchForm(c echo.Context) error {
 	if payments.CheckCustomerSearch(field, typed) != nil {
 		return badRequest("Choose email or tax id and type the exact value to look for.")
 	}
-	q, err := auth.SessionFrom(c).SealForURL(searchPurpose, field+"\x00"+typed)
-	if err != nil {
-		return err
-	}
-	return c.Redirect(http.StatusSeeOther, "/payments/search?"+url.Values{"q": {q}}.Encode())
-}
-
-// paymentSearch is GET /payments/search?q=…: a customer's payments by exact
-// email or tax id, without any clear value in a query, a log or the audit
-// trail. The typed value is normalised and looked up by its blind index;
-// the search is audited with a keyed hash of it (pii.SearchHash, another
-// key than the index's, so the trail cannot be joined to the table). Each
-// load is a search: audited, and counted against the user's limit.
-func (a *App) paymentSearch(c echo.Context) error {
-	c.Response().Header().Set("Cache-Control", "no-store")
-	if a.kr == nil {
-		return &publicError{status: http.StatusServiceUnavailable, msg: "This console holds no personal-data keys (PII_KEYS), so it cannot search by customer."}
-	}
-	sess := auth.SessionFrom(c)
-	terms, err := sess.OpenFromURL(searchPurpose, c.QueryParam("q"))
-	field, typed, ok := strings.Cut(terms, "\x00")
-	if err != nil || !ok {
-		return badRequest("This search cannot be read here: it was made before your last sign-in, in another session, or the address was changed. Search again from the payments list.")
-	}
 	ctx := c.Request().Context()
+	sess := auth.SessionFrom(c)
 	meta := requestMeta(c)
 	ev := audit.Event{
 		ActorIss: sess.Issuer, ActorSub: sess.Subject, ActorName: sess.Name, ActorRoles: sess.RoleNames(),
@@ -249,9 +236,6 @@ func (a *App) paymentSearch(c echo.Context) error {
 		return &publicError{status: http.StatusTooManyRequests, msg: fmt.Sprintf("At most %d customer searches a minute: wait a moment, then search again.", SearchesPerMinute)}
 	}
 	found, err := payments.FindByCustomer(ctx, a.pool, a.kr, field, typed, payments.SearchPage{Limit: payments.MaxPageLimit})
-	if errors.Is(err, payments.ErrInvalidSearch) {
-		return badRequest("Choose email or tax id and type the exact value to look for.")
-	}
 	if err != nil {
 		return err
 	}
@@ -260,6 +244,43 @@ func (a *App) paymentSearch(c echo.Context) error {
 		return err
 	}
 	a.metrics.actions.WithLabelValues(ev.Action, "ok").Inc()
+	q, err := sess.SealForURL(searchPurpose, strconv.FormatInt(a.now().Unix(), 10)+"\x00"+field+"\x00"+typed)
+	if err != nil {
+		return err
+	}
+	return c.Redirect(http.StatusSeeOther, "/payments/search?"+url.Values{"q": {q}}.Encode())
+}
+
+// paymentSearch is GET /payments/search?q=…: the results of a search this
+// session made (paymentSearchForm) less than SearchResultsFor ago, read
+// again by the value's blind index. It neither audits nor counts: the
+// search was, when it was made; a page load is no new search (a GET that
+// audited made Back, reload and a link followed cross-site each count as
+// one, and burnt the user's limit).
+func (a *App) paymentSearch(c echo.Context) error {
+	c.Response().Header().Set("Cache-Control", "no-store")
+	if a.kr == nil {
+		return &publicError{status: http.StatusServiceUnavailable, msg: "This console holds no personal-data keys (PII_KEYS), so it cannot search by customer."}
+	}
+	sess := auth.SessionFrom(c)
+	terms, err := sess.OpenFromURL(searchPurpose, c.QueryParam("q"))
+	parts := strings.SplitN(terms, "\x00", 3)
+	if err != nil || len(parts) != 3 {
+		return badRequest("This search cannot be read here: it was made before your last sign-in, in another session, or the address was changed. Search again from the payments list.")
+	}
+	made, err := strconv.ParseInt(parts[0], 10, 64)
+	if err != nil || a.now().Sub(time.Unix(made, 0)) > SearchResultsFor {
+		return badRequest(fmt.Sprintf("These results are from a search made more than %s ago. Search again from the payments list.", views.Age(SearchResultsFor)))
+	}
+	field, typed := parts[1], parts[2]
+	ctx := c.Request().Context()
+	found, err := payments.FindByCustomer(ctx, a.pool, a.kr, field, typed, payments.SearchPage{Limit: payments.MaxPageLimit})
+	if errors.Is(err, payments.ErrInvalidSearch) {
+		return badRequest("Choose email or tax id and type the exact value to look for.")
+	}
+	if err != nil {
+		return err
+	}
 	d := views.PaymentListData{CanSearch: true, Rows: found, ReadAt: a.now(),
 		Searched: map[string]string{"email": "email", "tax_id": "tax id"}[field]}
 	return render(c, http.StatusOK, views.PaymentList(a.page(c, "Payments of one customer", "/payments"), d))
