@@ -203,8 +203,6 @@ func downsample(v []float64, n int) []float64 {
 	return out
 }
 
-// short is the tail of an id, enough to tell rows apart on screen (the head
-// of a UUIDv7 is its timestamp, shared by ids made in the same millisecond).
 // ListTitle is a list page's title with its filter ("Outbox: status
 // dead"), so tabs and history entries of one list tell its filters apart;
 // a long filter is cut (a title is read in a tab).
@@ -222,6 +220,8 @@ func ListTitle(page, filter string) string {
 // UUIDs differ (version 7 ids made together share their start).
 func ShortID(id string) string { return short(id) }
 
+// short is the tail of an id, enough to tell rows apart on screen (the head
+// of a UUIDv7 is its timestamp, shared by ids made in the same millisecond).
 func short(id string) string {
 	if len(id) > 12 {
 		return "…" + id[len(id)-12:]

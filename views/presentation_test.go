@@ -241,7 +241,7 @@ func TestUpdatedSaysTheFiguresAreFromBeforeAnOutage(t *testing.T) {
 	}
 	d.Snap.Unreachable = at.Add(5 * time.Second)
 	p := render(t, Updated(d, true)).Find(`[data-testid="updated"]`)
-	if got := squash(p); !strings.Contains(got, "The database has not answered since") || !strings.Contains(got, "before it") || p.AttrOr("role", "") != "alert" {
+	if got := squash(p); !strings.Contains(got, "The console has not been able to read its figures since") || !strings.Contains(got, "before it") || p.AttrOr("role", "") != "alert" {
 		t.Fatalf("during an outage: %q (role %q)", got, p.AttrOr("role", ""))
 	}
 }

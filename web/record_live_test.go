@@ -38,7 +38,8 @@ func frames(t *testing.T, conn *websocket.Conn) <-chan string {
 	return ch
 }
 
-// quiet waits for n ticks of the feed and fails if a frame came meanwhile.
+// quiet waits for n ticks of the feed, and a moment for the last tick's
+// frame to cross the socket, and fails if a frame came meanwhile.
 func (h *harness) quiet(t *testing.T, ch <-chan string, n int64, why string) {
 	t.Helper()
 	_, t0 := h.app.Feed().Stats()
@@ -46,7 +47,7 @@ func (h *harness) quiet(t *testing.T, ch <-chan string, n int64, why string) {
 	select {
 	case f := <-ch:
 		t.Fatalf("%s, yet the page got a frame: %.400s", why, f)
-	default:
+	case <-time.After(300 * time.Millisecond):
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -160,6 +161,7 @@ func TestReadyWhileEveryConnectionIsTaken(t *testing.T) {
 	t.Parallel()
 	cfg := dbtest.Config(t)
 	cfg.MaxConns = 1
+	cfg.ConnConfig.RuntimeParams["application_name"] = "ready-test"
 	pool, err := db.OpenConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -174,6 +176,37 @@ func TestReadyWhileEveryConnectionIsTaken(t *testing.T) {
 	defer cancel()
 	if err := db.Ready(ctx, pool); err != nil {
 		t.Fatalf("a busy pool of a database that answers: %v", err)
+	}
+	// Many probes at once open one connection of their own at a time, not
+	// one each (a review counted 8 backends for 60 probes).
+	var wg sync.WaitGroup
+	errs := make(chan error, 30)
+	for range 30 {
+		wg.Go(func() { errs <- db.Ready(ctx, pool) })
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	peak := 0
+	for sampling := true; sampling; {
+		select {
+		case <-done:
+			sampling = false
+		default:
+			var n int
+			if err := held.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ready-test'`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			peak = max(peak, n)
+		}
+	}
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("a probe among many: %v", err)
+		}
+	}
+	if peak > 2 {
+		t.Fatalf("%d connections at once for the probes and the held one, want at most 2", peak)
 	}
 	nowhere := dbtest.Config(t)
 	nowhere.ConnConfig.Host, nowhere.ConnConfig.Port = "127.0.0.1", 1

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -152,22 +153,44 @@ func MigrationsHash() string {
 // Ready reports whether the database answers within the context's deadline
 // and carries the schema this binary ships: what every /readyz answers.
 //
-// When every connection of the pool is taken (requests waiting on a lock,
-// say), it asks on a connection of its own rather than queue behind them:
-// the database answers, so the process is ready. Queued, /readyz timed out
-// and said "database unreachable" through a 30-second lock an outage drill
-// held, which would take every replica out of its load balancer at once.
+// It takes a connection of the pool for a moment; when none frees up in
+// time (every one taken by requests waiting on a lock, say), it asks on a
+// connection of its own rather than queue behind them: the database
+// answers, so the process is ready. Queued, /readyz timed out and said
+// "database unreachable" through a 30-second lock an outage drill held,
+// which would take every replica out of its load balancer at once. One
+// such connection at a time per process: probes, or anyone calling
+// /readyz, cannot open more.
 func Ready(ctx context.Context, pool *pgxpool.Pool) error {
-	if st := pool.Stat(); st.AcquiredConns() >= st.MaxConns() {
-		conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
-		if err != nil {
+	actx, cancel := context.WithTimeout(ctx, readyAcquire)
+	conn, err := pool.Acquire(actx)
+	cancel()
+	if err == nil {
+		defer conn.Release()
+		if err := conn.Ping(ctx); err != nil {
 			return fmt.Errorf("database unreachable: %w", err)
 		}
-		defer conn.Close(context.WithoutCancel(ctx))
 		return CheckSchema(ctx, conn)
 	}
-	if err := pool.Ping(ctx); err != nil {
+	if ctx.Err() != nil {
 		return fmt.Errorf("database unreachable: %w", err)
 	}
-	return CheckSchema(ctx, pool)
+	select {
+	case readyOwn <- struct{}{}:
+		defer func() { <-readyOwn }()
+	case <-ctx.Done():
+		return fmt.Errorf("database unreachable: %w", ctx.Err())
+	}
+	own, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		return fmt.Errorf("database unreachable: %w", err)
+	}
+	defer own.Close(context.WithoutCancel(ctx))
+	return CheckSchema(ctx, own)
 }
+
+// readyAcquire is how long Ready waits for a connection of the pool before
+// it asks on one of its own; readyOwn lets one Ready at a time do so.
+const readyAcquire = 300 * time.Millisecond
+
+var readyOwn = make(chan struct{}, 1)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/url"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -30,6 +31,12 @@ func Unreachable(err error) bool {
 		}
 		return strings.HasPrefix(pe.Code, "08") // connection exception
 	}
-	var ne net.Error
-	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+	// A network error of an HTTP call (the provider, the identity
+	// provider) is not the database's.
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return false
+	}
+	var ne *net.OpError
+	return errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF)
 }

@@ -3,6 +3,8 @@ package db_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"testing"
 	"time"
 
@@ -32,7 +34,8 @@ func TestUnreachableTellsTheConnectionFromTheStatement(t *testing.T) {
 			t.Errorf("Unreachable(%v) = false", err)
 		}
 	}
-	for _, err := range []error{nil, &pgconn.PgError{Code: "23505"}, &pgconn.PgError{Code: "40001"}, pgx.ErrNoRows, context.Canceled} {
+	_, httpErr := http.Get("http://127.0.0.1:1/")
+	for _, err := range []error{nil, &pgconn.PgError{Code: "23505"}, &pgconn.PgError{Code: "40001"}, pgx.ErrNoRows, context.Canceled, httpErr, io.EOF} {
 		if db.Unreachable(err) {
 			t.Errorf("Unreachable(%v) = true", err)
 		}

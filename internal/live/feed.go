@@ -57,6 +57,10 @@ const (
 	ClosedShutdown                    // the process is stopping
 )
 
+// SnapshotTimeout bounds one tick's reads; a tick that cannot read in time
+// fails, and the feed marks its figures as from before (Unreachable).
+const SnapshotTimeout = 10 * time.Second
+
 // Defaults of Config, applied to zero fields (`console serve --live-tick`
 // shows DefaultInterval as its default).
 const (
@@ -75,6 +79,7 @@ type Config struct {
 	Render       RenderFunc
 	Logger       *slog.Logger
 	Now          func() time.Time // this process's clock (default time.Now): the snapshot's age
+	ReadTimeout  time.Duration    // bounds one tick's reads (default SnapshotTimeout)
 }
 
 // Client is one subscribed browser.
@@ -125,6 +130,7 @@ type Feed struct {
 	mu        sync.Mutex
 	latest    Snapshot
 	haveFirst bool
+	started   time.Time // when the feed was made (this process's clock)
 	readAt    time.Time // when latest was read (this process's clock)
 	failSince time.Time // when snapshots began to fail (zero: the last one was read)
 	ring      []Snapshot
@@ -158,11 +164,15 @@ func New(q Querier, listen *pgxpool.Pool, cfg Config) *Feed {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = SnapshotTimeout
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Feed{q: q, listen: listen, cfg: cfg, log: cfg.Logger, frags: map[fragKey][]byte{},
-		clients: map[*Client]struct{}{}, poke: make(chan struct{}, 1), watched: watchSet{}, records: map[Watch]RecordState{}}
+		clients: map[*Client]struct{}{}, poke: make(chan struct{}, 1), watched: watchSet{}, records: map[Watch]RecordState{},
+		started: cfg.Now()}
 }
 
 // Run polls until ctx ends, then closes every client.
@@ -254,7 +264,13 @@ func (f *Feed) Step(ctx context.Context) error {
 	events, pays := f.watched.ids(KindEvent), f.watched.ids(KindPayment)
 	f.mu.Unlock()
 	f.queries.Add(1)
-	s, err := ReadSnapshot(ctx, f.q, prev, &f.cursor)
+	// Bounded: a read that waits for ever (a pool whose every connection
+	// waits on a lock) would leave the last figures standing as current,
+	// never marked (a review held the pool's one connection: the gauges
+	// stayed, the page said nothing).
+	rctx, cancel := context.WithTimeout(ctx, f.cfg.ReadTimeout)
+	defer cancel()
+	s, err := ReadSnapshot(rctx, f.q, prev, &f.cursor)
 	if err != nil {
 		f.unreachable(ctx)
 		return err
@@ -265,7 +281,7 @@ func (f *Feed) Step(ctx context.Context) error {
 	var records map[Watch]RecordState
 	if len(events)+len(pays) > 0 {
 		f.recordQueries.Add(1)
-		if records, err = ReadRecords(ctx, f.q, events, pays); err != nil && ctx.Err() == nil {
+		if records, err = ReadRecords(rctx, f.q, events, pays); err != nil && ctx.Err() == nil {
 			f.log.Warn("live: read the watched records", "err", err)
 		}
 	} else {
@@ -505,12 +521,15 @@ func (f *Feed) Latest() (Snapshot, bool) {
 	return s, f.haveFirst
 }
 
-// Age is how long ago (this process's clock) the latest snapshot was read;
-// false before the first.
+// Age is how long ago (this process's clock) the latest snapshot was read,
+// or, before the first, since the feed was made; false before the first.
 func (f *Feed) Age() (time.Duration, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.cfg.Now().Sub(f.readAt), f.haveFirst
+	if !f.haveFirst {
+		return f.cfg.Now().Sub(f.started), false
+	}
+	return f.cfg.Now().Sub(f.readAt), true
 }
 
 // History is the snapshots of the last hour, oldest first, with their

@@ -87,13 +87,13 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.clients, prometheus.GaugeValue, float64(c.f.Clients()))
-	s, ok := c.f.Latest()
-	if !ok {
-		return
-	}
+	// The age is always there, before the first snapshot too (since the
+	// feed started): a console started while its database does not answer
+	// has it to alert on.
 	age, _ := c.f.Age()
 	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, age.Seconds())
-	if !s.Unreachable.IsZero() && age > StaleAfter {
+	s, ok := c.f.Latest()
+	if !ok || age > StaleAfter {
 		return
 	}
 	c.mu.Lock()

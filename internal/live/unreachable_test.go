@@ -145,3 +145,73 @@ func TestAnUnreachableDatabaseIsShownNotHidden(t *testing.T) {
 		t.Fatalf("after the database answers again: %v", g)
 	}
 }
+
+// A read that waits for ever (the pool's every connection held, say, by
+// requests waiting on a lock) fails after ReadTimeout and marks the figures
+// as from before; /metrics leaves the snapshot's gauges out once it is
+// older than StaleAfter whatever the reason, and says its age from the
+// feed's start before any snapshot was read (a review found the gauges
+// frozen behind a held connection, and no age before the first read).
+func TestAHangingReadIsMarkedAndAgeIsAlwaysThere(t *testing.T) {
+	t.Parallel()
+	owner := dbtest.New(t)
+	outboxtest.Insert(t, owner, outboxtest.Seed{Topic: "t", Status: "dead", Attempts: 3})
+	cfg := owner.Config()
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	clock := &testClock{now: time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)}
+	f := live.New(pool, nil, live.Config{Now: clock.Now, ReadTimeout: 300 * time.Millisecond})
+	reg := prometheus.NewRegistry()
+	if err := f.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	gauges := func() map[string]float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				out[mf.GetName()] = m.GetGauge().GetValue()
+			}
+		}
+		return out
+	}
+	clock.Add(20 * time.Second)
+	if g := gauges(); g["sluice_console_snapshot_age_seconds"] != 20 {
+		t.Fatalf("before the first snapshot: %v, want the age since the feed started", g)
+	}
+	ctx := context.Background()
+	if err := f.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	done := make(chan error, 1)
+	go func() { done <- f.Step(ctx) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a snapshot was read through a pool whose one connection is held")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the read waits for ever")
+	}
+	if s, _ := f.Latest(); s.Unreachable.IsZero() || s.Dead != 1 {
+		t.Fatalf("after a read that could not end: unreachable %v, dead %d", s.Unreachable, s.Dead)
+	}
+	clock.Add(live.StaleAfter + time.Second)
+	g := gauges()
+	if _, ok := g["sluice_outbox_dead_letter"]; ok || g["sluice_console_snapshot_age_seconds"] <= live.StaleAfter.Seconds() {
+		t.Fatalf("past StaleAfter: %v", g)
+	}
+}
