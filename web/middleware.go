@@ -120,13 +120,12 @@ func (m *metrics) middleware(next echo.HandlerFunc) echo.HandlerFunc {
 		if route == "" {
 			route = "unmatched"
 		}
+		// An error not yet answered is answered by handleError with
+		// statusOf's status: count that one (a 503 of an outage, a 400 or
+		// a 429 counted as 500 looked like a bug to an error-rate alert).
 		status := c.Response().Status
-		if err != nil {
-			if he, ok := err.(*echo.HTTPError); ok {
-				status = he.Code
-			} else if !c.Response().Committed {
-				status = http.StatusInternalServerError
-			}
+		if err != nil && !c.Response().Committed {
+			status = statusOf(err)
 		}
 		if c.Request().Header.Get("Upgrade") == "" {
 			m.requests.WithLabelValues(route, methodLabel(c.Request().Method), strconv.Itoa(status)).Observe(time.Since(start).Seconds())

@@ -109,6 +109,10 @@ func TestCustomerSearchesAreLimitedPerUser(t *testing.T) {
 	if n := h.countAudit(t, `action = 'payments.search' AND outcome = 'denied' AND error_code = 'rate_limited'`); n != 1 {
 		t.Fatalf("%d audited refusals, want 1", n)
 	}
+	// The request metric counts the answer given, 429, not a 500.
+	if _, m := b.get(t, h.base+"/metrics", ""); !strings.Contains(m, `sluice_http_request_duration_seconds_count{code="429",method="POST",route="/payments/search"} 1`) {
+		t.Errorf("the refused search is not counted as a 429:\n%s", grepLines(m, "/payments/search"))
+	}
 	other, otherToken := h.signedIn(t, "oncall")
 	if code := search(other, otherToken); code != http.StatusOK {
 		t.Fatalf("another user's search: %d", code)
@@ -160,3 +164,4 @@ func TestCustomerSearchResultsHaveAnAddressOfTheirSession(t *testing.T) {
 		t.Fatalf("%d audited searches after refused addresses, want still 1", n)
 	}
 }
+

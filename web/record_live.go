@@ -204,7 +204,11 @@ func newRecordWatch(q url.Values) *recordWatch {
 
 // check compares the record's newest state with the page's and returns the
 // notice to push, or nil when what the notice says has not changed since
-// the last push. A record back to the page's state clears the notice.
+// the last push. A record back to the page's state after a change keeps a
+// notice that says so: an event retried, then dead again with as many
+// attempts, reads as the page shows, yet the page no longer tells its
+// story (a drill saw the notice clear, and a discard could go on from a
+// page that had missed the retry).
 func (w *recordWatch) check(s live.RecordState) ([]byte, error) {
 	if s.At.Before(w.at) {
 		// Read before the page: comparing it would report the page's own
@@ -223,6 +227,9 @@ func (w *recordWatch) check(s live.RecordState) ([]byte, error) {
 		lines = []string{"it is no longer kept (pruned after its retention)"}
 	default:
 		lines = eventChanges(w.event, s.Event)
+	}
+	if len(lines) == 0 && w.shown != "" {
+		lines = []string{"it changed meanwhile and is back to what this page shows; its history says what happened in between"}
 	}
 	key := strings.Join(lines, "\n")
 	if key == w.shown {

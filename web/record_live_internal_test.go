@@ -73,8 +73,8 @@ func TestRecordChangesSayWhatMoved(t *testing.T) {
 
 // A mark survives its trip through the URL, and the watch built from a
 // page's own URL pushes a notice once per change, nothing for a state read
-// before the page, and an empty slot when the record returns to the page's
-// state.
+// before the page, and, when the record returns to the page's state after
+// a change, a notice that says so (the page missed what happened).
 func TestRecordWatchFromThePagesURL(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
@@ -129,7 +129,8 @@ func TestRecordWatchFromThePagesURL(t *testing.T) {
 	check("resolved", live.RecordState{At: at.Add(time.Second), Found: true, Payment: resolved},
 		"This payment changed since this page loaded</strong>: status unknown → completed, resolved by an operator.")
 	check("resolved, read again", live.RecordState{At: at.Add(2 * time.Second), Found: true, Payment: resolved}, "")
-	check("back to the page's state", live.RecordState{At: at.Add(3 * time.Second), Found: true, Payment: page}, `<div id="record-changed"`)
+	check("back to the page's state", live.RecordState{At: at.Add(3 * time.Second), Found: true, Payment: page}, "changed meanwhile and is back to what this page shows")
+	check("back, read again", live.RecordState{At: at.Add(3500 * time.Millisecond), Found: true, Payment: page}, "")
 	b, _ := w.check(live.RecordState{At: at.Add(4 * time.Second), Found: true, Payment: resolved})
 	if !strings.Contains(string(b), `hx-swap-oob="true"`) || !strings.Contains(string(b), `role="status"`) || !strings.Contains(string(b), `data-testid="reload"`) {
 		t.Errorf("the notice is not an out-of-band status with a reload link: %s", b)
