@@ -164,4 +164,3 @@ func TestCustomerSearchResultsHaveAnAddressOfTheirSession(t *testing.T) {
 		t.Fatalf("%d audited searches after refused addresses, want still 1", n)
 	}
 }
-
