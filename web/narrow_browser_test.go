@@ -294,6 +294,27 @@ func TestBrowserPhoneWidthShowsEachRowsLinkAndActions(t *testing.T) {
 		}
 	}
 
+	// At a desktop's width, a request whose evidence is one long word (a
+	// settlement file's sha256) keeps Approve and Reject in the window: the
+	// hash widened the table past it.
+	long, _ := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "4600.00", Invoice: "invoice-long-evidence"})
+	form := resolveForm(token, "succeeded")
+	form.Set("evidence", "settlement sha256:"+strings.Repeat("9f86d081884c7d65", 4)+" line 2")
+	if resp, _ := h.postForm(t, oncall, "/payments/"+long.String()+"/resolve", form); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("the request with long evidence: %d", resp.StatusCode)
+	}
+	if err := chromedp.Do(tctx, chromedp.EmulateViewport(1280, 800), chromedp.Navigate(h.base+"/approvals"),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="approve"]`))); err != nil {
+		t.Fatal(err)
+	}
+	right, err := chromedp.Run(tctx, chromedp.Evaluate[float64](`Math.max(...[...document.querySelectorAll('[data-testid="approve"], [data-testid="reject-open"]')].map(e => e.getBoundingClientRect().right))`))
+	if err != nil || right > 1280 || right <= 0 {
+		t.Errorf("at 1280px the approvals' buttons end at %vpx (%v), want inside the window", right, err)
+	}
+	if err := chromedp.Do(tctx, chromedp.EmulateViewport(400, 800)); err != nil {
+		t.Fatal(err)
+	}
+
 	// Still a table to a screen reader, on the phone: the Approve button
 	// sits in a cell of a row of a table, and the hidden header row still
 	// names the columns.
