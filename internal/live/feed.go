@@ -195,10 +195,24 @@ func (f *Feed) Run(ctx context.Context) error {
 	}
 	t := time.NewTicker(f.cfg.Interval)
 	defer t.Stop()
-	var last time.Time
+	var (
+		last    time.Time
+		failing time.Time // since when steps fail (zero: they do not)
+	)
 	for {
-		if err := f.Step(ctx); err != nil && ctx.Err() == nil {
-			f.log.Warn("live snapshot failed", "err", err)
+		// Logged when reads begin to fail, at the error level the demo
+		// and a quiet LOG_LEVEL still show (the dashboard then points to
+		// the log), and when they work again; the failures in between at
+		// debug, not one warning a tick for the outage's length.
+		switch err := f.Step(ctx); {
+		case err != nil && ctx.Err() == nil && failing.IsZero():
+			failing = time.Now()
+			f.log.Error("live: cannot read the snapshot; the dashboard marks its figures as from before", "err", err)
+		case err != nil && ctx.Err() == nil:
+			f.log.Debug("live: cannot read the snapshot", "err", err)
+		case err == nil && !failing.IsZero():
+			f.log.Info("live: the snapshot reads again", "after", time.Since(failing).Round(time.Millisecond))
+			failing = time.Time{}
 		}
 		last = time.Now()
 		select {
