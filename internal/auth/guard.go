@@ -308,16 +308,26 @@ func (g *Guard) RecordDenied(ctx context.Context, sess *Session, meta RequestMet
 	})
 	switch n := g.denied.Take(sess.HashHex()); {
 	case n == DeniedPerMinute+1:
-		reason = "rate_limited"
+		return recordDenied(ctx, g.Pool, sess, meta, route, reason, true)
 	case n > DeniedPerMinute+1:
 		return nil
 	}
 	return RecordDenied(ctx, g.Pool, sess, meta, route, reason)
 }
 
+// unrecordedNote is what the last audited refusal of a session's minute
+// says in its after: the refusals that follow it are not in the chain.
+const unrecordedNote = "this session's further refusals this minute are refused without an audit row each"
+
 // RecordDenied audits a refused request (outcome denied) in its own
 // transaction. route is the method and route template, never the raw URL.
 func RecordDenied(ctx context.Context, pool *pgxpool.Pool, sess *Session, meta RequestMeta, route, reason string) error {
+	return recordDenied(ctx, pool, sess, meta, route, reason, false)
+}
+
+// recordDenied is RecordDenied; last marks the session's last audited
+// refusal of its minute (Guard.RecordDenied), whose after says so.
+func recordDenied(ctx context.Context, pool *pgxpool.Pool, sess *Session, meta RequestMeta, route, reason string, last bool) error {
 	ev := audit.Event{
 		Action: "request.denied", TargetType: "route", TargetID: route,
 		IP: meta.IP, UserAgent: meta.UserAgent, RequestID: meta.RequestID,
@@ -327,8 +337,15 @@ func RecordDenied(ctx context.Context, pool *pgxpool.Pool, sess *Session, meta R
 		ev.ActorIss, ev.ActorSub, ev.ActorName, ev.ActorRoles = sess.Issuer, sess.Subject, sess.Name, sess.RoleNames()
 		ev.SessionHash = sess.HashHex()
 	}
+	after := map[string]string{}
 	if meta.Path != "" {
-		if b, err := json.Marshal(map[string]string{"path": meta.Path}); err == nil {
+		after["path"] = meta.Path
+	}
+	if last {
+		after["note"] = unrecordedNote
+	}
+	if len(after) > 0 {
+		if b, err := json.Marshal(after); err == nil {
 			ev.After = b
 		}
 	}
