@@ -711,7 +711,7 @@ func discrepanciesHref(d DashboardData) string {
 // consumersName names the consumers tile's link.
 func consumersName(d DashboardData) string {
 	running, _ := d.Snap.ConsumerProcesses()
-	return CountOf(int64(running), "consumer process running", "consumer processes running")
+	return CountOf(int64(running), "consumer process reporting", "consumer processes reporting")
 }
 
 // heldName names the held tile's link, with heldValue's "+".
