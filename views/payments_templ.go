@@ -253,7 +253,7 @@ func PaymentList(p Page, d PaymentListData) templ.Component {
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 18, " you typed (found by its blind index). What you typed is kept nowhere but sealed in this page's address, for this sign-in and 30 minutes. <a href=\"/payments\">Back to the list</a></p>")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 18, " you typed (found by its blind index). What you typed is kept nowhere but sealed in this page's address, which reads for you alone, for 30 minutes. <a href=\"/payments\">Back to the list</a></p>")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}

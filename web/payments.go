@@ -23,6 +23,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/live"
 	"github.com/sluice-dev/sluice/internal/outbox"
 	"github.com/sluice-dev/sluice/internal/payments"
+	"github.com/sluice-dev/sluice/internal/pii"
 	"github.com/sluice-dev/sluice/views"
 )
 
@@ -192,8 +193,15 @@ func (a *App) paymentList(c echo.Context) error {
 	return render(c, http.StatusOK, views.PaymentList(a.page(c, views.ListTitle("Payments", f.raw.Describe()), "/payments"), d))
 }
 
-// searchPurpose is what a customer search's sealed terms are for.
-const searchPurpose = "payments.search"
+// searchPlace binds a customer search's sealed terms to the user who made
+// it (pii.Keyring.Seal, the console's personal-data keys): the results page
+// reads again for them in any of their sessions (after the sign-in that
+// acting on money asks for every 15 minutes, too: a drill lost its results
+// there when the key came from the session), never for another user, and
+// nothing readable is in the address, the history or a proxy's log.
+func searchPlace(sess *auth.Session) pii.Place {
+	return pii.Place{Kind: "console.payments.search", ID: staffID(sess)}
+}
 
 // SearchResultsFor is how long a search's results page reads again (Back,
 // reload) without being a new search: the typed search was audited and
@@ -203,12 +211,11 @@ const SearchResultsFor = 30 * time.Minute
 // paymentSearchForm is POST /payments/search, the search itself: it checks
 // what was typed, counts it against the user's limit, audits it (a keyed
 // hash of the value, never the value), and answers 303 to GET
-// /payments/search with the terms and the time sealed for this session
-// (auth.SealForURL). The results page is then a page like any other: Back
+// /payments/search with the terms and the time sealed for this user
+// (searchPlace). The results page is then a page like any other: Back
 // returns to it and a reload reads it, without the browser offering to
 // send the form again (a reviewer met that on support's main path), and
-// without counting or auditing a search nobody typed again. The URL
-// carries no clear value, and opens only with this session's cookie.
+// without counting or auditing a search nobody typed again.
 func (a *App) paymentSearchForm(c echo.Context) error {
 	c.Response().Header().Set("Cache-Control", "no-store")
 	if a.kr == nil {
@@ -244,7 +251,7 @@ func (a *App) paymentSearchForm(c echo.Context) error {
 		return err
 	}
 	a.metrics.actions.WithLabelValues(ev.Action, "ok").Inc()
-	q, err := sess.SealForURL(searchPurpose, strconv.FormatInt(a.now().Unix(), 10)+"\x00"+field+"\x00"+typed)
+	q, err := a.kr.Seal(searchPlace(sess), "terms", strconv.FormatInt(a.now().Unix(), 10)+"\x00"+field+"\x00"+typed)
 	if err != nil {
 		return err
 	}
@@ -252,7 +259,7 @@ func (a *App) paymentSearchForm(c echo.Context) error {
 }
 
 // paymentSearch is GET /payments/search?q=…: the results of a search this
-// session made (paymentSearchForm) less than SearchResultsFor ago, read
+// user made (paymentSearchForm) less than SearchResultsFor ago, read
 // again by the value's blind index. It neither audits nor counts: the
 // search was, when it was made; a page load is no new search (a GET that
 // audited made Back, reload and a link followed cross-site each count as
@@ -263,10 +270,17 @@ func (a *App) paymentSearch(c echo.Context) error {
 		return &publicError{status: http.StatusServiceUnavailable, msg: "This console holds no personal-data keys (PII_KEYS), so it cannot search by customer."}
 	}
 	sess := auth.SessionFrom(c)
-	terms, err := sess.OpenFromURL(searchPurpose, c.QueryParam("q"))
+	q := c.QueryParam("q")
+	var (
+		terms string
+		err   error
+	)
+	if len(q) <= 2048 {
+		terms, err = a.kr.Open(searchPlace(sess), "terms", q)
+	}
 	parts := strings.SplitN(terms, "\x00", 3)
-	if err != nil || len(parts) != 3 {
-		return badRequest("This search cannot be read here: it was made before your last sign-in, in another session, or the address was changed. Search again from the payments list.")
+	if q == "" || err != nil || len(parts) != 3 {
+		return badRequest("This search cannot be read here: it was made by another user, or the address was changed. Search again from the payments list.")
 	}
 	made, err := strconv.ParseInt(parts[0], 10, 64)
 	if err != nil || a.now().Sub(time.Unix(made, 0)) > SearchResultsFor {

@@ -123,9 +123,9 @@ func TestCustomerSearchesAreLimitedPerUser(t *testing.T) {
 // (a POST's answer made the browser offer to send the form again). The
 // search is audited and counted once, when typed: reading its page again
 // is not a new search (a review burnt the limit with Back). Its address
-// carries the terms sealed for the session, so it is no use in another
-// session; a changed one is refused, and one older than SearchResultsFor
-// says to search again.
+// carries the terms sealed for the user, so it reads in their next sign-in
+// and is no use to another user; a changed one is refused, and one older
+// than SearchResultsFor says to search again.
 func TestCustomerSearchResultsHaveAnAddressOfTheirSession(t *testing.T) {
 	t.Parallel()
 	kr := testKeyring(t, "k1")
@@ -145,12 +145,18 @@ func TestCustomerSearchResultsHaveAnAddressOfTheirSession(t *testing.T) {
 	if n := h.countAudit(t, `action = 'payments.search'`); n != 1 {
 		t.Fatalf("%d audited searches, want 1: reading the results again is no new search", n)
 	}
+	// The same user signed in again (acting on money asks for it every
+	// 15 minutes) reads them still; another user does not.
+	again, _ := h.signedIn(t, "support")
+	if resp, body := again.get(t, h.base+loc, "text/html"); resp.StatusCode != http.StatusOK || doc(t, body).Find(`[data-testid="row"][data-id="`+op.String()+`"]`).Length() != 1 {
+		t.Fatalf("the same user's next sign-in: %d", resp.StatusCode)
+	}
 	other, _ := h.signedIn(t, "oncall")
 	tampered := loc[:len(loc)-3] + "AAA"
 	for name, c := range map[string]struct {
 		b   *browser
 		loc string
-	}{"another session": {other, loc}, "changed": {b, tampered}, "none": {b, "/payments/search"}} {
+	}{"another user": {other, loc}, "changed": {b, tampered}, "none": {b, "/payments/search"}} {
 		resp, body := c.b.get(t, h.base+c.loc, "text/html")
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "Search again") {
 			t.Errorf("%s: %d, want 400 saying to search again", name, resp.StatusCode)

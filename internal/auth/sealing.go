@@ -102,20 +102,3 @@ func (s *Session) open(column, sealed string) (string, error) {
 	return string(plain), nil
 }
 
-// SealForURL seals value for this session's own pages' URLs (purpose
-// names the use, e.g. a customer search's terms): the URL can be reloaded,
-// kept in history and followed back to, while only a request carrying this
-// session's cookie opens it, and nothing stored anywhere can (the key is
-// derived from the cookie). Another session's, or an earlier sign-in's,
-// does not open.
-func (s *Session) SealForURL(purpose, value string) (string, error) {
-	return s.seal("url:"+purpose, value)
-}
-
-// OpenFromURL reverses SealForURL for the same session and purpose.
-func (s *Session) OpenFromURL(purpose, sealed string) (string, error) {
-	if sealed == "" {
-		return "", errSealedToken
-	}
-	return s.open("url:"+purpose, sealed)
-}
