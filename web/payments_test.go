@@ -1122,15 +1122,16 @@ func TestSettlementIsAppliedOnlyByItsUploader(t *testing.T) {
 	}
 	sha := doc(t, body).Find(`input[name="confirm_sha256"]`).AttrOr("value", "")
 	resp, body = h.confirm(t, admin, adminToken, sha)
-	if resp.StatusCode != http.StatusForbidden || !strings.Contains(doc(t, body).Find(`[data-testid="problem"]`).Text(), "upload it yourself") {
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(doc(t, body).Find(`[data-testid="problem"]`).Text(), "You have not uploaded this file here in the last hour: upload it yourself") {
 		t.Fatalf("another operator's confirmation: %d %q", resp.StatusCode, doc(t, body).Find(`[data-testid="problem"]`).Text())
 	}
 	var approvals int
 	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM payment_approval`).Scan(&approvals); err != nil || approvals != 0 {
 		t.Fatalf("%d approval requests after a refused confirmation (%v), want 0", approvals, err)
 	}
-	if n := h.countAudit(t, `action = 'payments.settle' AND outcome = 'denied' AND error_code = 'not_uploader' AND actor_name = 'admin' AND evidence = $1`, "settlement sha256:"+sha); n != 1 {
-		t.Fatalf("%d audit rows of the refusal, want 1", n)
+	if n := h.countAudit(t, `action = 'payments.settle' AND outcome = 'denied' AND error_code = 'not_uploader' AND actor_name = 'admin' AND evidence = $1 AND after = $2::jsonb`,
+		"settlement sha256:"+sha, `{"uploaders": ["`+h.idp.Issuer()+`|demo-oncall"]}`); n != 1 {
+		t.Fatalf("%d audit rows of the refusal naming the uploader, want 1", n)
 	}
 	if resp, _ = h.confirm(t, oncall, oncallToken, sha); resp.StatusCode != http.StatusOK {
 		t.Fatalf("the uploader's confirmation: %d", resp.StatusCode)
@@ -1139,6 +1140,138 @@ func TestSettlementIsAppliedOnlyByItsUploader(t *testing.T) {
 		t.Fatalf("a line above the threshold moved the payment: %+v", e)
 	}
 	paymentstest.CheckBooks(t, h.pool, acc)
+}
+
+// Every operator who uploaded a file within the hour read its dry run and
+// may apply it: a second operator uploading the same file to check it no
+// longer took it from the first (a drill; the first was refused, told
+// another operator had uploaded it). The file is applied once: the second
+// confirmation finds its lines applied and changes nothing. An operator who
+// did not upload it is refused, told so truly, and the refusal's audit row
+// names who did. Past the hour the file is gone, and uploading it again
+// starts a fresh set of uploaders.
+func TestSettlementMayBeAppliedByEachOfItsUploaders(t *testing.T) {
+	t.Parallel()
+	h := start(t, options{configure: func(c *web.Config) { c.FourEyesAbove = decimal.RequireFromString("100.00") }})
+	small, acc := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "50.00"})
+	big, accBig := h.unknownPayment(t, paymentstest.PaymentOpts{Amount: "300.00"})
+	h.idp.AddUser("oncall2", "oncall2", "oncall")
+	oncall, oncallToken := h.signedIn(t, "oncall")
+	admin, adminToken := h.signedIn(t, "admin")
+	third, thirdToken := h.signedIn(t, "oncall2")
+	iss := h.idp.Issuer()
+	file := small.String() + ",succeeded,ref-s\n" + big.String() + ",succeeded,ref-b\n"
+
+	var sha string
+	for _, b := range []struct {
+		br    *browser
+		token string
+	}{{oncall, oncallToken}, {admin, adminToken}} {
+		resp, body := h.upload(t, b.br, b.token, file)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("upload: %d", resp.StatusCode)
+		}
+		d := doc(t, body)
+		sha = d.Find(`input[name="confirm_sha256"]`).AttrOr("value", "")
+		if who := d.Find(`[data-testid="confirm-who"]`).Text(); !strings.Contains(who, "for an hour, by whoever uploaded the file") {
+			t.Fatalf("the dry run does not say who may confirm it, and until when: %q", who)
+		}
+		words := map[string]string{}
+		d.Find(`[data-testid="diff-row"]`).Each(func(_ int, s *goquery.Selection) {
+			words[s.AttrOr("data-result", "")] = s.Find(`[data-testid="diff-result"]`).Text()
+		})
+		if words[payments.LineResolved] != "settles" || words[payments.LineAwaiting] != "awaits a second operator" {
+			t.Fatalf("the dry run's results read %q, want words", words)
+		}
+	}
+
+	// A third operator, who did not upload it, is refused: nothing applied.
+	resp, body := h.confirm(t, third, thirdToken, sha)
+	if p := doc(t, body).Find(`[data-testid="problem"]`).Text(); resp.StatusCode != http.StatusForbidden ||
+		!strings.Contains(p, "You have not uploaded this file here in the last hour: upload it yourself to read its dry run, then confirm.") {
+		t.Fatalf("a confirmation by an operator who did not upload the file: %d %q", resp.StatusCode, p)
+	}
+	if e := h.effectsOf(t, small); e.status != "unknown" {
+		t.Fatalf("a refused confirmation moved a payment: %+v", e)
+	}
+	if n := h.countAudit(t, `action = 'payments.settle' AND outcome = 'denied' AND error_code = 'not_uploader' AND actor_sub = 'user-oncall2' AND evidence = $1 AND after = $2::jsonb`,
+		"settlement sha256:"+sha, `{"uploaders": ["`+iss+`|demo-oncall", "`+iss+`|demo-admin"]}`); n != 1 {
+		t.Fatalf("%d audit rows of the refusal naming both uploaders, want 1", n)
+	}
+
+	// The first uploader applies it, and is the requester of the line
+	// above the threshold.
+	resp, body = h.confirm(t, oncall, oncallToken, sha)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the first uploader's confirmation: %d %q", resp.StatusCode, doc(t, body).Find(`[data-testid="problem"]`).Text())
+	}
+	if got := doc(t, body).Find(`[data-testid="diff-row"][data-result="resolved"] [data-testid="diff-result"]`).Text(); got != "settled" {
+		t.Errorf("an applied line reads %q, want settled", got)
+	}
+	var requester string
+	if err := h.pool.QueryRow(context.Background(), `SELECT requested_by FROM payment_approval WHERE operation_id = $1 AND state = 'pending'`, big).Scan(&requester); err != nil || requester != iss+"|demo-oncall" {
+		t.Fatalf("the request above the threshold was made by %q (%v), want the confirming operator", requester, err)
+	}
+	// The second uploader's confirmation is not refused, and finds it
+	// applied: nothing moves twice, no second request, no second audit row.
+	resp, body = h.confirm(t, admin, adminToken, sha)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the second uploader's confirmation: %d %q", resp.StatusCode, doc(t, body).Find(`[data-testid="problem"]`).Text())
+	}
+	if n := doc(t, body).Find(`[data-testid="diff-row"][data-result="agreed"]`).Length(); n != 1 {
+		t.Errorf("the second confirmation shows %d lines already applied, want 1", n)
+	}
+	if e := h.effectsOf(t, small); e.status != "completed" || e.ledger != 1 {
+		t.Fatalf("small after two confirmations: %+v", e)
+	}
+	if e := h.effectsOf(t, big); e.status != "unknown" || e.reservation != "active" {
+		t.Fatalf("big after two confirmations: %+v", e)
+	}
+	if n := h.countAudit(t, `action = 'payments.settle' AND outcome = 'ok'`); n != 1 {
+		t.Errorf("%d settle audit rows, want 1", n)
+	}
+	var requests int
+	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM payment_approval`).Scan(&requests); err != nil || requests != 1 {
+		t.Fatalf("%d four-eyes requests (%v), want 1", requests, err)
+	}
+	// The requester cannot approve it; the other uploader can.
+	_, list := oncall.get(t, h.base+"/approvals", "text/html")
+	if doc(t, list).Find(`[data-testid="approve"]`).Length() != 0 {
+		t.Fatal("the confirming uploader is offered their own request to approve")
+	}
+	_, list = admin.get(t, h.base+"/approvals", "text/html")
+	row := doc(t, list).Find(`[data-testid="approval-row"]`)
+	if resp, _ := h.postForm(t, admin, "/approvals/"+row.AttrOr("data-id", "")+"/approve", url.Values{"csrf_token": {adminToken}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("approve: %d", resp.StatusCode)
+	}
+	if e := h.effectsOf(t, big); e.status != "completed" || e.ledger != 1 {
+		t.Fatalf("big after the approval: %+v", e)
+	}
+	paymentstest.CheckBooks(t, h.pool, acc)
+	paymentstest.CheckBooks(t, h.pool, accBig)
+
+	// Past the hour the file is gone; the third operator uploads it again
+	// and is its one uploader: the earlier two must upload it again too.
+	if _, err := h.pool.Exec(context.Background(), `UPDATE payment_settlement_upload SET uploaded_at = uploaded_at - interval '2 hours';
+		UPDATE payment_settlement_uploader SET uploaded_at = uploaded_at - interval '2 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := h.confirm(t, oncall, oncallToken, sha); resp.StatusCode != http.StatusConflict {
+		t.Fatalf("a confirmation past the hour: %d, want 409 (expired)", resp.StatusCode)
+	}
+	if resp, _ := h.upload(t, third, thirdToken, file); resp.StatusCode != http.StatusOK {
+		t.Fatalf("upload again: %d", resp.StatusCode)
+	}
+	if resp, _ := h.confirm(t, oncall, oncallToken, sha); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("an uploader of the expired set confirming the fresh one: %d, want 403", resp.StatusCode)
+	}
+	if n := h.countAudit(t, `action = 'payments.settle' AND outcome = 'denied' AND actor_sub = 'demo-oncall' AND after = $1::jsonb`,
+		`{"uploaders": ["`+iss+`|user-oncall2"]}`); n != 1 {
+		t.Fatalf("%d refusals naming the fresh set's one uploader, want 1", n)
+	}
+	if resp, _ := h.confirm(t, third, thirdToken, sha); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the fresh set's uploader: %d", resp.StatusCode)
+	}
 }
 
 // A four-eyes request waits for a second operator, who learns of it on the

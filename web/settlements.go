@@ -3,11 +3,13 @@ package web
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"regexp"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
@@ -61,12 +63,15 @@ func (a *App) settlementFourEyes(sess *auth.Session) *payments.SettlementFourEye
 // settlementUpload is POST /payments/settlements. With a file: it is read
 // whole and validated (ParseSettlement; a bad line changes nothing and is
 // named), kept server-side under its sha256 (payment_settlement_upload,
-// for an hour) and its dry run is shown with a confirmation form that
-// carries only the hash. With confirm_sha256: the kept bytes of that hash
-// are applied, once per line (ApplySettlement), and each settled payment
-// gets its audit row in its line's transaction naming the hash and the
-// operator. Keeping the bytes means the confirmation applies exactly the
-// file whose dry run the operator read, without uploading it again.
+// for an hour, with each operator who uploaded it) and its dry run is
+// shown with a confirmation form that carries only the hash. With
+// confirm_sha256, from one of those operators within an hour of their own
+// upload: the kept bytes of that hash are applied, once per line
+// (ApplySettlement), and each settled payment gets its audit row in its
+// line's transaction naming the hash and the operator, who is the
+// four-eyes requester of the lines above the threshold. Keeping the bytes
+// means the confirmation applies exactly the file whose dry run the
+// operator read, without uploading it again.
 //
 // Both need a recent sign-in, as a typed resolution does: applying settles
 // unknown payments, and a dry run is its first step (asking then spares
@@ -140,6 +145,14 @@ type livePoker struct {
 
 func (p livePoker) Poke() { p.a.pokeLive(p.ctx) }
 
+// uploadersJSON is a refused confirmation's after: who may apply the file.
+func uploadersJSON(ids []string) json.RawMessage {
+	b, _ := json.Marshal(struct {
+		Uploaders []string `json:"uploaders"`
+	}{ids}) // strings only: Marshal cannot fail
+	return b
+}
+
 func (a *App) settlementApply(c echo.Context, sha string) error {
 	page := a.page(c, "Settlement file", "/payments")
 	if !sha256Hex.MatchString(sha) {
@@ -156,18 +169,22 @@ func (a *App) settlementApply(c echo.Context, sha string) error {
 	}
 	sess := auth.SessionFrom(c)
 	base := a.actorEvent(c, sess, payments.ActionSettle, auditTargetPayment, "")
-	if up.UploadedBy != staffID(sess) {
+	if !slices.Contains(up.Uploaders, staffID(sess)) {
 		// The one who applies a file is the four-eyes requester of its lines
-		// above the threshold, and must be the one who read its dry run:
-		// else the operator who uploaded a file could have a colleague
-		// confirm it by its hash alone and then approve its lines.
+		// above the threshold, and must have read its dry run: else the
+		// operator who uploaded a file could have a colleague confirm it by
+		// its hash alone and then approve its lines. Every operator who
+		// uploaded it within the hour has read it, so any of them may apply
+		// it. The row names them (staff ids, not PII), for whoever reads
+		// the refusal.
 		denied := base
 		denied.Evidence = "settlement sha256:" + sha
+		denied.After = uploadersJSON(up.Uploaders)
 		if err := a.auditDenied(ctx, denied, "not_uploader"); err != nil {
 			return err
 		}
 		return render(c, http.StatusForbidden, views.SettlementPage(page, views.SettlementData{
-			Problem: "Another operator uploaded this file, so its dry run was theirs: upload it yourself to read its dry run, then confirm. Nothing was applied."}))
+			Problem: "You have not uploaded this file here in the last hour: upload it yourself to read its dry run, then confirm. Nothing was applied."}))
 	}
 	d := a.settlementData()
 	d.SHA256, d.Applied = sha, true
