@@ -101,4 +101,3 @@ func (s *Session) open(column, sealed string) (string, error) {
 	}
 	return string(plain), nil
 }
-

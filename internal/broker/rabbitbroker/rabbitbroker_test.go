@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -410,7 +411,11 @@ func TestAShardBatchHoldsWhatHasArrived(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != n || len(sizes) > n/50+2 {
+	// The bug gave one message a batch (200 batches). How many arrive
+	// between two batches depends on the client's goroutine and the
+	// machine's load (7 batches in a loaded full run, 4 or 5 when quiet):
+	// ten a batch on average tells the two apart without timing it.
+	if got != n || len(sizes) > n/10 || slices.Max(sizes) > 50 {
 		t.Fatalf("%d of %d messages in %d batches %v: want batches of up to 50 holding what had arrived", got, n, len(sizes), sizes)
 	}
 }

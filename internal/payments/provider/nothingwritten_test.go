@@ -92,14 +92,17 @@ func TestAChargeThatWroteNothingIsSentAgain(t *testing.T) {
 }
 
 // A charge whose connection failed after it was written may have been
-// processed: it stays unknown and is never sent again.
+// processed: it stays unknown and is never sent again. (When the provider's
+// answer came back before the connection closed, which a loaded machine
+// lets happen, net/http returns that answer, and the outcome is known.)
 func TestAChargeThatWasWrittenIsNotSentAgain(t *testing.T) {
 	t.Parallel()
 	srv, charges := chargeServer(t)
 	c, dials := clientWithFailingFirstConn(srv.URL, true)
-	_, err := c.Charge(context.Background(), req(uuid.New()))
-	if errors.Is(err, ErrNotProcessed) || !errors.Is(err, ErrOutcomeUnknown) {
-		t.Fatalf("a charge written before its connection failed: err = %v, want ErrOutcomeUnknown", err)
+	res, err := c.Charge(context.Background(), req(uuid.New()))
+	answered := err == nil && res.Outcome == Succeeded
+	if errors.Is(err, ErrNotProcessed) || !answered && !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("a charge written before its connection failed: %+v, err = %v, want ErrOutcomeUnknown (or the provider's answer)", res, err)
 	}
 	testkit.Until(t, "the provider to receive the written charge", func() bool { return charges.Load() == 1 })
 	if d := dials.Load(); d != 1 {
