@@ -46,8 +46,10 @@ func (c *Consumer) Counts() ConsumerCounts {
 }
 
 // Run consumes until ctx ends, reporting the process meanwhile.
-func (c *Consumer) Run(ctx context.Context, sub broker.Subscriber) error {
-	defer newPresence(c.Inbox, c.Name, 0, nil, c.ReportInterval, &c.applied, &c.act).start(ctx)()
+// A run that ends on an error (the subscriber gave up) does not sign off.
+func (c *Consumer) Run(ctx context.Context, sub broker.Subscriber) (err error) {
+	stop := newPresence(c.Inbox, c.Name, 0, nil, c.ReportInterval, &c.applied, &c.act).start(ctx)
+	defer func() { stop(err == nil || ctx.Err() != nil) }()
 	return sub.Subscribe(ctx, c.Name, c.Handle)
 }
 

@@ -176,10 +176,14 @@ func (p *presence) report(ctx context.Context) error {
 	return nil
 }
 
-// start reports until the returned stop is called; stop deletes the row.
+// start reports until the returned stop is called; stop deletes the row
+// when signOff says the process stops on purpose. One that gives up (its
+// broker gone past its retries) leaves its row to go silent, so the console
+// flags it: signed off, it read as a deliberate stop while its queue filled
+// with nobody reading (a RabbitMQ outage drill).
 // A failed report is logged once per run of failures: the consumer goes on
 // applying meanwhile (its database is the one it reports to).
-func (p *presence) start(ctx context.Context) (stop func()) {
+func (p *presence) start(ctx context.Context) (stop func(signOff bool)) {
 	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -207,9 +211,13 @@ func (p *presence) start(ctx context.Context) (stop func()) {
 			}
 		}
 	}()
-	return func() {
+	return func(signOff bool) {
 		cancel()
 		<-done
+		if !signOff {
+			p.log.Error("inbox: consumer stops on an error, without signing off: the console shows it as silent", "consumer", p.consumer)
+			return
+		}
 		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer dcancel()
 		if _, err := p.pool.Exec(dctx, `DELETE FROM inbox_consumer_process WHERE id = $1`, p.id); err != nil {

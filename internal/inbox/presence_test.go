@@ -427,3 +427,45 @@ func TestFailingWaitsTwoReportIntervalsWithoutAnApply(t *testing.T) {
 		t.Fatalf("failing: got %v, want %v", got, want)
 	}
 }
+
+// giveUpSubscriber stands for a broker the subscriber gave up on: it
+// returns an error once the process has reported; stop is its other end,
+// a deliberate stop (nil when its context ends).
+type giveUpSubscriber struct{ fail bool }
+
+func (s giveUpSubscriber) Subscribe(ctx context.Context, _ string, _ broker.Handler) error {
+	if s.fail {
+		time.Sleep(200 * time.Millisecond)
+		return errors.New("consume failed 10 times in a row")
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// A consumer that gives up (its broker gone past its retries) does not
+// sign off: its row stays, to go silent and be flagged. Signed off, it read
+// as a deliberate stop while its queue filled with nobody reading (a
+// RabbitMQ outage drill). A deliberate stop still signs off.
+func TestAConsumerThatGivesUpDoesNotSignOff(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	c := &inbox.Consumer{Inbox: inbox.New(pool), Name: "gave-up", ReportInterval: 50 * time.Millisecond}
+	if err := c.Run(context.Background(), giveUpSubscriber{fail: true}); err == nil {
+		t.Fatal("the run that gave up returned no error")
+	}
+	if rows := listProcesses(t, pool); len(rows) != 1 || rows[0].Consumer != "gave-up" {
+		t.Fatalf("after giving up: %+v, want its row left to go silent", rows)
+	}
+	stopped := &inbox.Consumer{Inbox: inbox.New(pool), Name: "stopped", ReportInterval: 50 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- stopped.Run(ctx, giveUpSubscriber{}) }()
+	testkit.Eventually(t, "the second process's report", func() (bool, error) { return len(listProcesses(t, pool)) == 2, nil })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if rows := listProcesses(t, pool); len(rows) != 1 || rows[0].Consumer != "gave-up" {
+		t.Fatalf("after a deliberate stop: %+v, want it signed off", rows)
+	}
+}

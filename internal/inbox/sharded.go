@@ -101,7 +101,7 @@ const unlockSQL = `SELECT pg_advisory_unlock(hashtext('sluice.inbox.shard:' || $
 
 // Run holds and runs shards until ctx ends (then nil). It returns an error
 // only for a wiring mistake (bad shard set, no database at start).
-func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) error {
+func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) (err error) {
 	owned, err := c.owned()
 	if err != nil {
 		return err
@@ -124,7 +124,8 @@ func (c *ShardedConsumer) Run(ctx context.Context, sub broker.ShardSubscriber) e
 		}
 	}
 	report := newPresence(c.Inbox, c.Name, c.Shards, c.Owned, c.ReportInterval, &c.applied, &c.act)
-	defer report.start(ctx)()
+	stopReport := report.start(ctx)
+	defer func() { stopReport(err == nil || ctx.Err() != nil) }()
 	var (
 		lockConn *pgxpool.Conn
 		wg       sync.WaitGroup
