@@ -1220,6 +1220,9 @@ func (r *Relay) setPaused(paused bool) {
 		r.m.unavailable.Inc()
 	} else {
 		r.m.unavailable.Dec()
+		// The pause's end in the log too: its last line was "relay
+		// pausing" long after the relay published again (an outage drill).
+		r.log.Info("outbox: broker available again; relay resumes", "relay", r.cfg.Name)
 	}
 	select {
 	case r.reportNow <- struct{}{}:
@@ -1265,7 +1268,11 @@ func (r *Relay) release(ctx context.Context, evs []claimed, token uuid.UUID, del
 // listener is down). It returns only after the listener has stopped. While
 // it runs, the relay reports in outbox_relay for the console (report.go).
 func (r *Relay) Run(ctx context.Context) error {
-	defer r.setPaused(false) // a stopped relay pauses no more
+	defer func() { // a stopped relay pauses no more
+		if r.paused.Swap(false) {
+			r.m.unavailable.Dec()
+		}
+	}()
 	// The relay's row in outbox_relay: reported while Run runs, deleted
 	// when it returns (report.go).
 	var reporting sync.WaitGroup
