@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -175,9 +176,11 @@ func Ready(ctx context.Context, pool *pgxpool.Pool) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("database unreachable: %w", err)
 	}
+	slot, _ := readyOwn.LoadOrStore(pool, make(chan struct{}, 1))
+	sem := slot.(chan struct{})
 	select {
-	case readyOwn <- struct{}{}:
-		defer func() { <-readyOwn }()
+	case sem <- struct{}{}:
+		defer func() { <-sem }()
 	case <-ctx.Done():
 		return fmt.Errorf("database unreachable: %w", ctx.Err())
 	}
@@ -185,12 +188,17 @@ func Ready(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("database unreachable: %w", err)
 	}
-	defer own.Close(context.WithoutCancel(ctx))
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = own.Close(cctx)
+	}()
 	return CheckSchema(ctx, own)
 }
 
 // readyAcquire is how long Ready waits for a connection of the pool before
-// it asks on one of its own; readyOwn lets one Ready at a time do so.
+// it asks on one of its own; readyOwn lets one Ready at a time per pool do
+// so (a process with two pools, the demo's, checks each on its own).
 const readyAcquire = 300 * time.Millisecond
 
-var readyOwn = make(chan struct{}, 1)
+var readyOwn sync.Map // *pgxpool.Pool → chan struct{} (a slot)

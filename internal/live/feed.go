@@ -535,6 +535,14 @@ func (f *Feed) Latest() (Snapshot, bool) {
 	return s, f.haveFirst
 }
 
+// staleAfter is how old the latest snapshot may be before /metrics leaves
+// its gauges out: StaleAfter, or three ticks and a read's timeout when the
+// feed is set slower, so a healthy feed never loses its gauges between two
+// ticks, nor over one read that timed out.
+func (f *Feed) staleAfter() time.Duration {
+	return max(StaleAfter, f.cfg.ReadTimeout+3*f.cfg.Interval)
+}
+
 // Age is how long ago (this process's clock) the latest snapshot was read,
 // or, before the first, since the feed was made; false before the first.
 func (f *Feed) Age() (time.Duration, bool) {

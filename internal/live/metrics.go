@@ -93,7 +93,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	age, _ := c.f.Age()
 	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, age.Seconds())
 	s, ok := c.f.Latest()
-	if !ok || age > StaleAfter {
+	if !ok || age > c.f.staleAfter() {
 		return
 	}
 	c.mu.Lock()

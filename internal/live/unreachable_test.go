@@ -215,3 +215,32 @@ func TestAHangingReadIsMarkedAndAgeIsAlwaysThere(t *testing.T) {
 		t.Fatalf("past StaleAfter: %v", g)
 	}
 }
+
+// A feed set to tick slower than StaleAfter keeps its gauges between two
+// healthy ticks (a review: with CONSOLE_LIVE_TICK at 16 s they vanished
+// after every read).
+func TestASlowTickKeepsItsGauges(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	clock := &testClock{now: time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)}
+	f := live.New(pool, nil, live.Config{Now: clock.Now, Interval: 20 * time.Second})
+	reg := prometheus.NewRegistry()
+	if err := f.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Step(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(19 * time.Second) // the next tick is a second away
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		found = found || mf.GetName() == "sluice_outbox_dead_letter"
+	}
+	if !found {
+		t.Fatal("a healthy feed ticking every 20 s lost its gauges between two ticks")
+	}
+}

@@ -1220,9 +1220,6 @@ func (r *Relay) setPaused(paused bool) {
 		r.m.unavailable.Inc()
 	} else {
 		r.m.unavailable.Dec()
-		// The pause's end in the log too: its last line was "relay
-		// pausing" long after the relay published again (an outage drill).
-		r.log.Info("outbox: broker available again; relay resumes", "relay", r.cfg.Name)
 	}
 	select {
 	case r.reportNow <- struct{}{}:
@@ -1317,7 +1314,14 @@ func (r *Relay) Run(ctx context.Context) error {
 			ahead = claimAhead()
 		}
 		res, err := r.process(ctx, cb)
+		wasPaused := r.paused.Load()
 		r.setPaused(res.Unavailable > 0 && ctx.Err() == nil)
+		if wasPaused && res.Published > 0 && res.Unavailable == 0 {
+			// The pause's end in the log too, once the broker took a batch:
+			// its last line was "relay pausing" long after the relay
+			// published again (an outage drill).
+			r.log.Info("outbox: the broker takes messages again; relay resumes", "published", res.Published)
+		}
 		if ctx.Err() != nil {
 			if ahead != nil {
 				// Give back what was claimed ahead: with ctx done, process
