@@ -192,7 +192,11 @@ func (p *presence) start(ctx context.Context) (stop func(signOff bool)) {
 		defer t.Stop()
 		failing := false
 		for {
-			rctx, rcancel := context.WithTimeout(lctx, p.interval)
+			// A report is not cut by stop: cut, its statement could still
+			// commit on the server after the sign-off's DELETE (another
+			// connection), and leave the row of a process that signed off
+			// (a loaded CI run met such a row). stop waits for it instead.
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(lctx), p.interval)
 			err := p.report(rctx)
 			rcancel()
 			switch {
