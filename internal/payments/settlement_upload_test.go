@@ -3,16 +3,10 @@ package payments
 import (
 	"context"
 	"errors"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
-
-	"github.com/sluice-dev/sluice/internal/db"
 	"github.com/sluice-dev/sluice/internal/db/dbtest"
 )
 
@@ -75,55 +69,5 @@ func TestSettlementUploadKeepsEveryUploader(t *testing.T) {
 	var rows int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payment_settlement_uploader`).Scan(&rows); err != nil || rows != 1 {
 		t.Fatalf("%d uploader rows kept (%v), want 1: the expired ones are pruned", rows, err)
-	}
-}
-
-// Migration 00037 gives an upload kept before it its one uploader, so a dry
-// run read before the upgrade can still be confirmed by whoever uploaded
-// it; an upload written without an uploader row (a binary from before the
-// migration, during a rolling upgrade) names its uploaded_by too.
-func TestSettlementUploadMigration00037KeepsEarlierUploads(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(dbtest.EmptyURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := db.OpenConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	sqlDB := stdlib.OpenDBFromPool(pool)
-	defer sqlDB.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, os.DirFS("../db/migrations"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.UpTo(ctx, 36); err != nil {
-		t.Fatalf("migrate to 36: %v", err)
-	}
-	before, old := strings.Repeat("b", 64), strings.Repeat("c", 64)
-	const insert = `INSERT INTO payment_settlement_upload (sha256, body, uploaded_by, uploaded_at) VALUES ($1, 'x', $2, now() - interval '10 minutes')`
-	if _, err := pool.Exec(ctx, insert, before, "iss|a"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, insert, old, "iss|old"); err != nil {
-		t.Fatal(err)
-	}
-	for sha, want := range map[string][]string{before: {"iss|a"}, old: {"iss|old"}} {
-		u, err := SettlementUploadOf(ctx, pool, sha)
-		if err != nil || !slices.Equal(u.Uploaders, want) {
-			t.Fatalf("%s…: uploaders %q (%v), want %q", sha[:4], u.Uploaders, err, want)
-		}
-	}
-	if err := KeepSettlementUpload(ctx, pool, before, []byte("x"), "iss|b"); err != nil {
-		t.Fatal(err)
-	}
-	if u, err := SettlementUploadOf(ctx, pool, before); err != nil || !slices.Equal(u.Uploaders, []string{"iss|a", "iss|b"}) {
-		t.Fatalf("after a second upload: %q (%v), want a then b", u.Uploaders, err)
 	}
 }
